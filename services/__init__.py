@@ -1,0 +1,1 @@
+"""The three services (coordinator, draft, target) and what they share."""

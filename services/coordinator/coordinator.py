@@ -1,0 +1,389 @@
+"""The coordinator: admits requests and drives speculative rounds over draft and target replicas.
+
+One loop, `schedule -> prefill newcomers + one round for the decoding batch -> commit -> release finished`. A round
+sends one Propose per draft replica carrying all its sequences, then one Verify per target replica, so batching
+happens at both ends (workers also merge calls from several coordinators). The same loop serves the in-process
+engine (local clients) and the gRPC coordinator service (remote clients).
+"""
+
+import asyncio
+import itertools
+import logging
+import random
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+
+from specsplit.services.coordinator.generation import GenerationRequest, GenerationResult, TokenEvent
+from specsplit.services.coordinator.replica_pools import ReplicaPool, pick_variant
+from specsplit.services.coordinator.sequence_state import SequenceState
+from specsplit.services.coordinator.stop_checker import StopChecker
+from specsplit.services.draft.proposer import DraftPrefill, ProposeItem
+from specsplit.services.errors import InvalidArgument, KVCacheFull, ResourceExhausted, Unavailable
+from specsplit.services.runtime.worker_sequences import WorkerSampling
+from specsplit.services.target.verifier import TargetPrefill, VerifyItem
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CoordinatorConfig:
+    num_speculative_tokens: int = 4
+    max_speculative_tokens: int = 16
+    max_num_seqs: int = 256                 # sequences decoding at once
+    max_waiting: int = 1024                 # admitted but not yet running; beyond it, RESOURCE_EXHAUSTED
+    disable_speculation_batch_size: int = 0  # 0 = never; else speculation is off while this many decode
+
+
+class Coordinator:
+    def __init__(self, targets: ReplicaPool, drafts: list[ReplicaPool], tokenizer, eos_token_ids, config=None, seed=None):
+        self.targets = targets
+        self.drafts = drafts
+        self.tokenizer = tokenizer
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.config = config or CoordinatorConfig()
+        self.id = uuid.uuid4().hex[:12]
+        self._counter = itertools.count()
+        self._rng = random.Random(seed)
+        self.waiting: deque[SequenceState] = deque()
+        self.running: list[SequenceState] = []
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task | None = None
+        self.observers = []  # callables(sequence, event_name) for metrics and canary statistics
+        self._releases: dict = {}  # worker client -> handles to release after this iteration
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # ---- public API -------------------------------------------------------------------------------------------
+
+    def submit(self, request: GenerationRequest) -> SequenceState:
+        params = request.params.validate(self.config.max_speculative_tokens)
+        if not request.prompt_token_ids:
+            raise InvalidArgument("prompt must not be empty")
+        vocab = self.targets.replicas[0].vocab_size if self.targets.replicas else None
+        if vocab is not None and any(not 0 <= t < vocab for t in request.prompt_token_ids):
+            raise InvalidArgument(f"prompt token ids must be in [0, {vocab})")
+        max_len = self.max_model_len
+        if max_len and len(request.prompt_token_ids) >= max_len:
+            raise InvalidArgument(f"prompt of {len(request.prompt_token_ids)} tokens exceeds the context of {max_len}")
+        if len(self.waiting) >= self.config.max_waiting:
+            raise ResourceExhausted(f"queue full ({self.config.max_waiting} requests waiting); retry later")
+        seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        handle = f"{self.id}-{next(self._counter)}"
+        sequence = SequenceState(
+            request=request,
+            handle=handle,
+            sampling=WorkerSampling(params.temperature, params.top_k, params.top_p, seed),
+            stop=StopChecker(params, self.tokenizer, self.eos_token_ids, max_len or 1 << 62, len(request.prompt_token_ids)),
+            draft_variant="",
+            committed=list(request.prompt_token_ids),
+        )
+        if not request.request_id:
+            request.request_id = handle
+        self.waiting.append(sequence)
+        self._idle.clear()
+        self._ensure_loop()
+        self._wake.set()
+        return sequence
+
+    async def stream(self, request: GenerationRequest):
+        """Yield TokenEvents as tokens commit, then the GenerationResult. Leaving early aborts the request."""
+        sequence = self.submit(request)
+        try:
+            while True:
+                event = await sequence.events.get()
+                if isinstance(event, Exception):
+                    raise event
+                yield event
+                if isinstance(event, GenerationResult):
+                    return
+        finally:
+            if not sequence.finished:
+                self.abort(sequence)
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        result = None
+        async for event in self.stream(request):
+            result = event
+        return result
+
+    def abort(self, sequence: SequenceState) -> None:
+        """Stop a request (client cancelled or deadline passed); its KV is released on every worker."""
+        if sequence in self.waiting:
+            self.waiting.remove(sequence)
+        if not sequence.finished:
+            self._finish(sequence, "abort")
+            self._wake.set()
+
+    async def wait_idle(self) -> None:
+        """Return once no request is queued or running and every finished one is released on its workers."""
+        await self._idle.wait()
+
+    @property
+    def max_model_len(self) -> int:
+        lens = [r.max_model_len for r in self.targets.replicas]
+        return min(lens) if lens else 0
+
+    async def close(self) -> None:
+        if self._loop_task:
+            self._loop_task.cancel()
+            try:
+                await self._loop_task
+            except asyncio.CancelledError:
+                pass
+        for sequence in list(self.running) + list(self.waiting):
+            self.abort(sequence)
+        await self._release_finished()
+
+    # ---- the loop ---------------------------------------------------------------------------------------------
+
+    def _ensure_loop(self) -> None:
+        if self._loop_task is None or self._loop_task.done():
+            self._loop_task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            if not self.waiting and not self.running:
+                self._idle.set()
+                self._wake.clear()
+                await self._wake.wait()
+                self._idle.clear()
+            newcomers = self._admit()
+            decoding = [s for s in self.running if s.prefilled and not s.finished]
+            try:
+                await asyncio.gather(self._prefill(newcomers), self._round(decoding))
+            except Exception:  # a bug in one round must not take every request down with the loop
+                log.exception("round failed")
+                for sequence in newcomers + decoding:
+                    self._fail(sequence, Unavailable("internal error in the coordinator round"))
+            await self._release_finished()
+            if not newcomers and not decoding:
+                await asyncio.sleep(0.001)  # everything is waiting on KV room: do not spin
+
+    def _admit(self) -> list[SequenceState]:
+        room = self.config.max_num_seqs - len(self.running)
+        newcomers = []
+        while self.waiting and room > 0:
+            sequence = self.waiting.popleft()
+            self.running.append(sequence)
+            newcomers.append(sequence)
+            room -= 1
+        return newcomers
+
+    async def _prefill(self, sequences: list[SequenceState]) -> None:
+        if not sequences:
+            return
+        for sequence in sequences:
+            sequence.target = self.targets.pick()
+            if sequence.target is None:
+                self._fail(sequence, Unavailable("no target replica is available"))
+                continue
+            if sequence.request.params.num_speculative_tokens != 0 and self.config.num_speculative_tokens > 0:
+                pool = pick_variant(self.drafts, self._rng)
+                if pool is not None:
+                    sequence.draft_variant = pool.name
+                    sequence.draft = pool.pick()
+        live = [s for s in sequences if not s.finished]
+        target_calls = [
+            self._call(client, "prefill", [TargetPrefill(s.handle, s.committed, s.sampling, s.request.params.logprobs) for s in group], group)
+            for client, group in _group(live, lambda s: s.target)
+        ]
+        draft_calls = [
+            self._call(client, "prefill", [DraftPrefill(s.handle, s.committed, s.sampling) for s in group], group)
+            for client, group in _group([s for s in live if s.draft], lambda s: s.draft)
+        ]
+        results = await asyncio.gather(*target_calls, *draft_calls)
+        for group_results in results[len(target_calls):]:
+            for sequence, result in group_results:
+                if isinstance(result, Exception):
+                    self._drop_draft(sequence)  # decoding goes on target-only
+                else:
+                    sequence.draft_prefilled = True
+                    sequence.draft_cached = result
+        for group_results in results[: len(target_calls)]:
+            for sequence, verdict in group_results:
+                if isinstance(verdict, KVCacheFull) and len(self.running) > 1:
+                    self._requeue(sequence)  # back-pressure: try again when running sequences free blocks
+                elif isinstance(verdict, Exception):
+                    self._fail(sequence, verdict)
+                else:
+                    sequence.prefilled = True
+                    sequence.target_cached = verdict.num_cached
+                    self._commit(sequence, verdict, num_draft=None)
+
+    async def _round(self, sequences: list[SequenceState]) -> None:
+        if not sequences:
+            return
+        batch = len(sequences)
+        k_of = {s: self._speculation_length(s, batch) for s in sequences}
+        proposing = [s for s in sequences if k_of[s] > 0]
+        propose_calls = [
+            self._call(client, "propose", [ProposeItem(s.handle, s.draft_cached, s.committed[s.draft_cached :], k_of[s]) for s in group], group)
+            for client, group in _group(proposing, lambda s: s.draft)
+        ]
+        proposals = {}
+        for group_results in await asyncio.gather(*propose_calls):
+            for sequence, proposal in group_results:
+                if isinstance(proposal, Exception):
+                    log.warning("draft failed for %s: %s", sequence.handle, proposal)
+                    self._drop_draft(sequence)
+                else:
+                    proposals[sequence] = proposal
+        live = [s for s in sequences if not s.finished]
+        verify_calls = [
+            self._call(client, "verify", [self._verify_item(s, proposals.get(s)) for s in group], group)
+            for client, group in _group(live, lambda s: s.target)
+        ]
+        for group_results in await asyncio.gather(*verify_calls):
+            for sequence, verdict in group_results:
+                if sequence.finished:
+                    continue
+                if isinstance(verdict, Exception):
+                    self._fail(sequence, verdict)
+                    continue
+                proposal = proposals.get(sequence)
+                if proposal is not None:
+                    # The draft's KV is valid up to the accepted proposals it computed.
+                    committed_len = len(sequence.committed)
+                    sequence.draft_cached = min(proposal.num_cached, committed_len + verdict.num_accepted)
+                    sequence.bonus = verdict.num_accepted == len(proposal.token_ids) > 0
+                sequence.target_cached = verdict.num_cached
+                self._commit(sequence, verdict, num_draft=len(proposal.token_ids) if proposal else 0)
+
+    def _verify_item(self, sequence: SequenceState, proposal) -> VerifyItem:
+        item = VerifyItem(
+            sequence.handle,
+            sequence.target_cached,
+            sequence.committed[sequence.target_cached :],
+            logprobs=sequence.request.params.logprobs,
+        )
+        if proposal is not None and proposal.token_ids:
+            item.draft_token_ids = proposal.token_ids
+            item.q_token_ids = proposal.q_token_ids
+            item.q_probs = proposal.q_probs
+        return item
+
+    def _speculation_length(self, sequence: SequenceState, batch: int) -> int:
+        if sequence.draft is None or not sequence.draft_prefilled:
+            return 0
+        params = sequence.request.params
+        k = params.num_speculative_tokens if params.num_speculative_tokens is not None else self.config.num_speculative_tokens
+        if self.config.disable_speculation_batch_size and batch >= self.config.disable_speculation_batch_size:
+            return 0
+        length = len(sequence.committed)
+        remaining = params.max_tokens - len(sequence.generated) - 1
+        room = min(sequence.target.max_model_len - length, sequence.draft.max_model_len - length + 1)
+        return max(0, min(k, remaining, room))
+
+    # ---- commit, finish, release ------------------------------------------------------------------------------
+
+    def _commit(self, sequence: SequenceState, verdict, num_draft: int | None) -> None:
+        kept, text = sequence.stop.add(verdict.token_ids)
+        sequence.committed.extend(kept)
+        if num_draft is not None:
+            if num_draft > 0:
+                sequence.stats.record(num_draft, verdict.num_accepted)
+            else:
+                sequence.stats.rounds += 1
+        logprobs = verdict.logprobs[: len(kept)] if verdict.logprobs is not None else None
+        if logprobs:
+            sequence.logprobs.extend(logprobs)
+        if sequence.first_token_at is None:
+            sequence.first_token_at = time.perf_counter()
+        for observer in self.observers:
+            observer(sequence, "round" if num_draft is not None else "prefill")
+        if kept or text:
+            sequence.events.put_nowait(TokenEvent(kept, text, logprobs))
+        if sequence.stop.finish_reason:
+            self._finish(sequence, sequence.stop.finish_reason)
+
+    def _finish(self, sequence: SequenceState, reason: str) -> None:
+        sequence.finished = True
+        sequence.finish_reason = reason
+        now = time.perf_counter()
+        params = sequence.request.params
+        result = GenerationResult(
+            request_id=sequence.request.request_id,
+            token_ids=sequence.generated,
+            text=sequence.stop.text,
+            finish_reason=reason,
+            prompt_tokens=sequence.prompt_len,
+            stats=sequence.stats,
+            time_to_first_token=(sequence.first_token_at or now) - sequence.started,
+            total_time=now - sequence.started,
+            logprobs=sequence.logprobs if params.logprobs is not None else None,
+            draft_variant=sequence.draft_variant,
+        )
+        for observer in self.observers:
+            observer(sequence, "finish")
+        sequence.events.put_nowait(result)
+
+    def _fail(self, sequence: SequenceState, error: Exception) -> None:
+        if sequence.finished:
+            return
+        sequence.finished = True
+        sequence.finish_reason = "error"
+        sequence.error = error
+        for observer in self.observers:
+            observer(sequence, "error")
+        sequence.events.put_nowait(error)
+
+    def _requeue(self, sequence: SequenceState) -> None:
+        self._unpin(sequence)
+        self.running.remove(sequence)
+        sequence.target = sequence.draft = None
+        sequence.draft_prefilled = False
+        self.waiting.appendleft(sequence)
+
+    def _drop_draft(self, sequence: SequenceState) -> None:
+        for pool in self.drafts:
+            if pool.name == sequence.draft_variant:
+                pool.unpin(sequence.draft)
+        if sequence.draft is not None:
+            self._pending_release(sequence.draft, sequence.handle)
+        sequence.draft = None
+        sequence.draft_prefilled = False
+
+    def _unpin(self, sequence: SequenceState) -> None:
+        self.targets.unpin(sequence.target)
+        for pool in self.drafts:
+            if pool.name == sequence.draft_variant:
+                pool.unpin(sequence.draft)
+        for client in (sequence.target, sequence.draft):
+            if client is not None:
+                self._pending_release(client, sequence.handle)
+
+    def _pending_release(self, client, handle: str) -> None:
+        self._releases.setdefault(client, []).append(handle)
+
+    async def _release_finished(self) -> None:
+        done = [s for s in self.running if s.finished]
+        for sequence in done:
+            self.running.remove(sequence)
+            self._unpin(sequence)
+        releases, self._releases = self._releases, {}
+        calls = [self._release(client, handles) for client, handles in releases.items()]
+        if calls:
+            await asyncio.gather(*calls)
+
+    async def _release(self, client, handles: list[str]) -> None:
+        try:
+            await client.release(handles)
+        except Exception as error:  # the worker's lease on idle sequences frees them anyway
+            log.warning("release on %s failed: %s", client.name, error)
+
+    async def _call(self, client, method: str, items: list, sequences: list[SequenceState]):
+        """One batched worker call; a failure of the whole call becomes that error for each of its sequences."""
+        try:
+            results = await getattr(client, method)(items)
+        except Exception as error:
+            results = [error] * len(items)
+        return list(zip(sequences, results))
+
+
+def _group(sequences: list[SequenceState], key) -> list[tuple[object, list[SequenceState]]]:
+    groups: dict = {}
+    for sequence in sequences:
+        groups.setdefault(key(sequence), []).append(sequence)
+    return list(groups.items())

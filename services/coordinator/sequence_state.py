@@ -1,0 +1,51 @@
+"""The coordinator's record of one request in flight: the committed tokens and what each worker holds of them.
+
+Invariants after every round:
+- `committed` = prompt + every emitted token; the coordinator alone holds it, so any worker can be rebuilt.
+- the target's KV holds `target_cached` = len(committed) - 1 tokens (all but the newest, which the next verify
+  sends as its delta);
+- the draft's KV holds `draft_cached` committed tokens; the delta it is sent next is `committed[draft_cached:]`:
+  one token normally, two for a *bonus-token sequence* (every proposal accepted, so the last proposal's KV was
+  never computed by the draft), more after rounds without the draft.
+"""
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from specsplit.services.coordinator.generation import GenerationRequest, SpeculationStats
+from specsplit.services.coordinator.stop_checker import StopChecker
+from specsplit.services.runtime.worker_sequences import WorkerSampling
+
+
+@dataclass(eq=False)
+class SequenceState:
+    request: GenerationRequest
+    handle: str
+    sampling: WorkerSampling
+    stop: StopChecker
+    draft_variant: str
+    committed: list[int] = field(default_factory=list)
+    target: object | None = None          # the pinned target replica (a TargetClient)
+    draft: object | None = None           # the pinned draft replica (a DraftClient), None = target-only
+    target_cached: int = 0
+    draft_cached: int = 0
+    prefilled: bool = False
+    draft_prefilled: bool = False
+    bonus: bool = False
+    finished: bool = False
+    finish_reason: str | None = None
+    error: Exception | None = None
+    stats: SpeculationStats = field(default_factory=SpeculationStats)
+    logprobs: list = field(default_factory=list)
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    started: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+    @property
+    def generated(self) -> list[int]:
+        return self.committed[self.prompt_len :]

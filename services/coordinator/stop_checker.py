@@ -1,0 +1,63 @@
+"""Incremental detokenization and stop conditions: EOS, stop token ids, stop strings, max tokens, context length.
+
+Tokens accepted in a round past the point where the request stops are dropped: the stop is checked token by token.
+Text is released only when it cannot change: a trailing incomplete UTF-8 character and any suffix that could still
+grow into a stop string are held back until the next tokens (or the end) settle them.
+"""
+
+from specsplit.services.sampling_params import SamplingParams
+
+
+class StopChecker:
+    def __init__(self, params: SamplingParams, tokenizer, eos_token_ids, max_total_len: int, prompt_len: int):
+        self.params = params
+        self.tokenizer = tokenizer
+        self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
+        self.max_total_len = max_total_len
+        self.prompt_len = prompt_len
+        self.generated: list[int] = []
+        self.text = ""
+        self.emitted_chars = 0
+        self.finish_reason: str | None = None
+        self._text_cut_at_stop: str | None = None
+        self._hold = max((len(s) for s in params.stop), default=1) - 1
+
+    def add(self, token_ids: list[int]) -> tuple[list[int], str]:
+        """Commit tokens one by one until a stop; returns the tokens kept and the newly releasable text."""
+        kept = []
+        for token in token_ids:
+            if self.finish_reason:
+                break
+            kept.append(token)
+            self.generated.append(token)
+            if token in self.stop_ids:
+                self.finish_reason = "stop"
+            elif self.params.stop and self._find_stop_string():
+                self.finish_reason = "stop"
+            elif len(self.generated) >= self.params.max_tokens or self.prompt_len + len(self.generated) >= self.max_total_len:
+                self.finish_reason = "length"
+        return kept, self._release()
+
+    def _decode(self) -> str:
+        return self.tokenizer.decode(self.generated, skip_special_tokens=True) if self.tokenizer else ""
+
+    def _find_stop_string(self) -> bool:
+        text = self._decode()
+        search_from = max(0, self.emitted_chars - self._hold)
+        hits = [i for s in self.params.stop if (i := text.find(s, search_from)) >= 0]
+        if hits:
+            self._text_cut_at_stop = text[: min(hits)]  # the stop string itself is not returned
+            return True
+        return False
+
+    def _release(self) -> str:
+        self.text = self._text_cut_at_stop if self._text_cut_at_stop is not None else self._decode()
+        releasable = len(self.text)
+        if not self.finish_reason:
+            releasable = len(self.text.rstrip("\ufffd"))
+            if self.params.stop:
+                releasable = min(releasable, len(self.text) - self._hold)
+        releasable = max(releasable, self.emitted_chars)
+        new = self.text[self.emitted_chars : releasable]
+        self.emitted_chars = releasable
+        return new

@@ -1,0 +1,80 @@
+"""The whole split system in one process: draft and target workers called directly by the coordinator's loop.
+
+Used by `specsplit generate --local` and by tests that prove correctness before the network is involved.
+"""
+
+from specsplit.services.coordinator.coordinator import Coordinator, CoordinatorConfig
+from specsplit.services.coordinator.generation import GenerationRequest, GenerationResult
+from specsplit.services.coordinator.replica_pools import ReplicaPool
+from specsplit.services.coordinator.worker_clients import LocalDraftClient, LocalTargetClient
+from specsplit.services.draft.proposer import DraftProposer
+from specsplit.services.errors import InvalidArgument
+from specsplit.services.models.loader import LoadedModel, load_model
+from specsplit.services.runtime.model_runner import ModelRunner
+from specsplit.services.sampling_params import SamplingParams
+from specsplit.services.target.verifier import TargetVerifier
+from specsplit.services.tokenization import encode_prompt
+
+
+def check_compatible(target: LoadedModel, draft: LoadedModel) -> None:
+    """A draft must speak the target's vocabulary, or its proposals mean other tokens."""
+    if target.config.vocab_size != draft.config.vocab_size:
+        raise InvalidArgument(
+            f"mismatched vocabularies: target has {target.config.vocab_size} tokens, draft has {draft.config.vocab_size}"
+        )
+    if target.tokenizer is not None and draft.tokenizer is not None:
+        if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
+            raise InvalidArgument("mismatched vocabularies: the draft's tokenizer differs from the target's")
+
+
+class LocalEngine:
+    def __init__(
+        self,
+        target: str | LoadedModel,
+        draft: str | LoadedModel | None,
+        num_speculative_tokens: int = 4,
+        dtype: str = "float32",
+        device: str = "cpu",
+        num_kv_blocks: int | None = None,
+        block_size: int = 16,
+        draft_support: int = 32,
+        coordinator_config: CoordinatorConfig | None = None,
+    ):
+        if num_speculative_tokens < 0:
+            raise InvalidArgument(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
+        self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype, device)
+        self.draft = None
+        if draft is not None and num_speculative_tokens > 0:
+            self.draft = draft if isinstance(draft, LoadedModel) else load_model(draft, dtype, device)
+            check_compatible(self.target, self.draft)
+        self.target_runner = ModelRunner(self.target, num_blocks=num_kv_blocks, block_size=block_size)
+        self.verifier = TargetVerifier(self.target_runner)
+        targets = ReplicaPool("target", [LocalTargetClient(self.verifier)])
+        drafts = []
+        self.proposer = None
+        if self.draft is not None:
+            self.draft_runner = ModelRunner(self.draft, num_blocks=num_kv_blocks, block_size=block_size)
+            self.proposer = DraftProposer(self.draft_runner, support_size=draft_support)
+            drafts = [ReplicaPool("default", [LocalDraftClient(self.proposer)])]
+        config = coordinator_config or CoordinatorConfig()
+        config.num_speculative_tokens = num_speculative_tokens if self.draft is not None else 0
+        self.coordinator = Coordinator(targets, drafts, self.target.tokenizer, self.target.config.eos_token_ids, config)
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    def request(self, prompt: str | list[int], params: SamplingParams, chat: bool = False) -> GenerationRequest:
+        return GenerationRequest(encode_prompt(self.tokenizer, prompt, chat), params)
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams, chat: bool = False) -> GenerationResult:
+        return await self.coordinator.generate(self.request(prompt, params, chat))
+
+    def kv_blocks_used(self) -> dict[str, int]:
+        used = {"target": self.target_runner.block_manager.num_used_blocks}
+        if self.proposer is not None:
+            used["draft"] = self.draft_runner.block_manager.num_used_blocks
+        return used
+
+    async def close(self) -> None:
+        await self.coordinator.close()

@@ -1,0 +1,150 @@
+"""Decoder-only transformer for the Qwen2 and Llama families (Qwen2.5, Llama 3, SmolLM2, Mistral) over paged KV.
+
+Parameter names follow Hugging Face checkpoints (`model.layers.N.self_attn.q_proj.weight`, ...) so weights load by
+name; q/k/v and gate/up are fused once at load time into single matmuls. The forward works on a flat batch of
+tokens from many sequences (no padding): the attention metadata says which tokens belong to which sequence and
+where their KV lives.
+"""
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+from specsplit.kernels.dispatch import paged_attention, write_kv
+from specsplit.services.models.config import DecoderConfig
+from specsplit.services.models.rotary import RotaryEmbedding
+from specsplit.services.runtime.attention_metadata import AttentionMetadata
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Same op order as transformers (normalise in fp32, cast back, then scale) so outputs match it exactly.
+        dtype = x.dtype
+        x32 = x.to(torch.float32)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, config: DecoderConfig, layer_index: int):
+        super().__init__()
+        self.layer_index = layer_index
+        self.num_heads = config.num_heads
+        self.num_kv_heads = config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.scale = config.head_dim**-0.5
+
+    def forward(self, hidden, positions, rotary: RotaryEmbedding, meta: AttentionMetadata, kv_cache):
+        qkv = self.qkv_proj(hidden)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        q, k = rotary(positions, q, k)
+        key_cache, value_cache = kv_cache
+        write_kv(k, v, key_cache, value_cache, meta.slot_mapping)
+        out = paged_attention(
+            q, key_cache, value_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
+            self.scale, meta.max_query_len, meta.max_seq_len,
+        )
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: DecoderConfig):
+        super().__init__()
+        self.intermediate_size = config.intermediate_size
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: DecoderConfig, layer_index: int):
+        super().__init__()
+        self.self_attn = Attention(config, layer_index)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, hidden, positions, rotary, meta, kv_cache):
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), positions, rotary, meta, kv_cache)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class DecoderModel(nn.Module):
+    """The Hugging Face `model.` prefix: embeddings, layers, final norm."""
+
+    def __init__(self, config: DecoderConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class CausalDecoder(nn.Module):
+    def __init__(self, config: DecoderConfig):
+        super().__init__()
+        self.config = config
+        self.model = DecoderModel(config)
+        self.rotary = RotaryEmbedding(config.hf_config, config.head_dim)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids, positions, meta: AttentionMetadata, kv_caches) -> torch.Tensor:
+        """input_ids, positions [T] -> final hidden states [T, hidden]."""
+        hidden = self.model.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.model.layers, kv_caches):
+            hidden = layer(hidden, positions, self.rotary, meta, kv_cache)
+        return self.model.norm(hidden)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Only the rows that need a distribution are projected to the vocabulary (float32 logits)."""
+        return self.lm_head(hidden).float()
+
+    def load_hf_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Load Hugging Face parameter names, fusing q/k/v and gate/up."""
+        own = dict(self.named_parameters())
+        loaded = set()
+        for i in range(self.config.num_layers):
+            prefix = f"model.layers.{i}."
+            attn, mlp = prefix + "self_attn.", prefix + "mlp."
+            for kind in ("weight", "bias"):
+                parts = [state.pop(f"{attn}{p}_proj.{kind}", None) for p in "qkv"]
+                if all(p is not None for p in parts):
+                    _copy(own, f"{attn}qkv_proj.{kind}", torch.cat(parts, 0), loaded)
+                parts = [state.pop(f"{mlp}{p}_proj.{kind}", None) for p in ("gate", "up")]
+                if all(p is not None for p in parts):
+                    _copy(own, f"{mlp}gate_up_proj.{kind}", torch.cat(parts, 0), loaded)
+        for name, tensor in state.items():
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue
+            if name in own:
+                _copy(own, name, tensor, loaded)
+        if self.config.tie_word_embeddings:
+            loaded.add("lm_head.weight")
+        missing = set(own) - loaded
+        if missing:
+            raise ValueError(f"checkpoint is missing parameters: {sorted(missing)[:8]}")
+
+
+def _copy(own: dict, name: str, tensor: torch.Tensor, loaded: set) -> None:
+    target = own[name]
+    if target.shape != tensor.shape:
+        raise ValueError(f"checkpoint tensor {name} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}")
+    with torch.no_grad():
+        target.copy_(tensor.to(target.dtype))
+    loaded.add(name)

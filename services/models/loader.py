@@ -1,0 +1,97 @@
+"""Load a decoder from a Hugging Face folder (config.json + safetensors), a GGUF file, or a built-in model name."""
+
+import glob
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoTokenizer
+
+from specsplit.services.errors import InvalidArgument
+from specsplit.services.models.config import DecoderConfig
+from specsplit.services.models.decoder import CausalDecoder
+from specsplit.services.models.rotary import RotaryEmbedding
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    model: CausalDecoder
+    config: DecoderConfig
+    tokenizer: object | None
+    path: str
+    name: str
+
+
+def resolve_model_path(model: str) -> Path:
+    """A built-in name (prepared on first use), a Hugging Face folder, or a .gguf file."""
+    path = Path(model).expanduser()
+    if path.is_dir() or (path.is_file() and path.suffix == ".gguf"):
+        return path
+    try:
+        from specsplit.services.models.prepare import is_builtin, resolve_model
+    except ImportError:  # preparation support not installed: only paths are accepted
+        is_builtin = None
+    if is_builtin is not None and is_builtin(model):
+        return Path(resolve_model(model))
+    raise InvalidArgument(
+        f"unknown model '{model}': not a built-in name (see `specsplit models list`), a folder or a .gguf file"
+    )
+
+
+def load_model(model: str, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu") -> LoadedModel:
+    torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+    path = resolve_model_path(model)
+    if path.is_file():
+        hf_config, state, tokenizer = _read_gguf(path)
+    else:
+        hf_config, state, tokenizer = _read_folder(path)
+    config = DecoderConfig.from_hf(hf_config)
+    with torch.device("meta"):
+        decoder = CausalDecoder(config)
+    decoder = decoder.to_empty(device=device).to(torch_dtype)
+    if config.tie_word_embeddings:
+        decoder.lm_head.weight = decoder.model.embed_tokens.weight
+    # Rotary frequencies stay float32 whatever the weights' dtype.
+    decoder.rotary = RotaryEmbedding(hf_config, config.head_dim).to(device)
+    decoder.load_hf_state_dict(state)
+    decoder.eval().requires_grad_(False)
+    return LoadedModel(decoder, config, tokenizer, str(path), os.path.basename(str(path).rstrip("/")))
+
+
+def _read_folder(path: Path):
+    if not (path / "config.json").exists():
+        raise InvalidArgument(f"{path} is not a Hugging Face model folder (no config.json)")
+    hf_config = AutoConfig.from_pretrained(path)
+    files = sorted(glob.glob(str(path / "*.safetensors")))
+    if not files:
+        raise InvalidArgument(f"{path} has no .safetensors weights")
+    state = {}
+    for file in files:
+        state.update(load_file(file))
+    return hf_config, state, _tokenizer_or_none(path)
+
+
+def _read_gguf(path: Path):
+    # transformers dequantizes GGUF tensors and maps their names to Hugging Face ones.
+    from transformers import AutoModelForCausalLM
+
+    hf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    state = {k: v for k, v in hf_model.state_dict().items()}
+    hf_config = hf_model.config
+    del hf_model
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except Exception:  # a GGUF without tokenizer metadata still serves token-id requests
+        tokenizer = None
+    return hf_config, state, tokenizer
+
+
+def _tokenizer_or_none(path: Path):
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception:  # a folder without tokenizer files still serves token-id requests
+        return None

@@ -1,0 +1,139 @@
+"""A model plus its paged KV cache: runs one batched forward over many sequences' new tokens.
+
+Each `ForwardItem` names a sequence's block table (what is already cached), the tokens to add, and how many of the
+last positions need logits (1 for a draft step, k+1 for verification, 0 for a draft prefill). Long inputs are split
+into chunks of at most `max_batch_tokens` so a long prompt never needs one giant activation.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from specsplit.services.errors import KVCacheFull
+from specsplit.services.kv.block_manager import BlockManager, BlockTable
+from specsplit.services.kv.paged_cache import PagedKVCache
+from specsplit.services.models.loader import LoadedModel
+from specsplit.services.runtime.attention_metadata import AttentionMetadata
+
+
+@dataclass
+class ForwardItem:
+    table: BlockTable
+    token_ids: list[int]
+    num_logits: int
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        num_blocks: int | None = None,
+        block_size: int = 16,
+        kv_cache_bytes: int = 1 << 30,
+        max_batch_tokens: int = 2048,
+    ):
+        self.loaded = loaded
+        self.model = loaded.model
+        self.config = loaded.config
+        param = next(self.model.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        if num_blocks is None:
+            num_blocks = max(kv_cache_bytes // PagedKVCache.bytes_per_block(self.config, block_size, self.dtype), 1)
+        self.block_manager = BlockManager(num_blocks, block_size)
+        self.cache = PagedKVCache(self.config, num_blocks, block_size, self.dtype, self.device)
+        self.block_size = block_size
+        self.max_batch_tokens = max_batch_tokens
+        self.max_model_len = min(self.config.max_model_len, num_blocks * block_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    def reserve(self, items: list[ForwardItem]) -> list[Exception | None]:
+        """Claim KV slots for every item's new tokens; an item that does not fit gets KVCacheFull, others go on."""
+        errors: list[Exception | None] = []
+        for item in items:
+            try:
+                copies = self.block_manager.append(item.table, len(item.token_ids))
+                self.cache.copy_blocks(copies)
+                errors.append(None)
+            except KVCacheFull as error:
+                errors.append(error)
+        return errors
+
+    @torch.inference_mode()
+    def forward(self, items: list[ForwardItem]) -> list[torch.Tensor]:
+        """Run items whose slots are already reserved. Returns each item's logits [num_logits, vocab] (float32)."""
+        # Where each item's new tokens start inside its (already extended) table.
+        starts = [item.table.num_tokens - len(item.token_ids) for item in items]
+        done = [0] * len(items)
+        pieces: list[list[torch.Tensor]] = [[] for _ in items]
+        while any(done[i] < len(item.token_ids) for i, item in enumerate(items)):
+            budget = self.max_batch_tokens
+            chunk = []
+            for i, item in enumerate(items):
+                remaining = len(item.token_ids) - done[i]
+                if remaining == 0 or budget == 0:
+                    continue
+                take = min(remaining, budget)
+                chunk.append((i, done[i], take))
+                budget -= take
+            hidden_rows = self._forward_chunk(items, starts, chunk)
+            for (i, offset, take), rows in zip(chunk, hidden_rows):
+                if rows is not None:
+                    pieces[i].append(rows)
+                done[i] += take
+        logits_rows = []
+        for item, parts in zip(items, pieces):
+            if item.num_logits == 0:
+                logits_rows.append(torch.empty(0, self.vocab_size, device=self.device))
+            else:
+                logits_rows.append(self.model.compute_logits(torch.cat(parts)))
+        return logits_rows
+
+    def _forward_chunk(self, items, starts, chunk) -> list[torch.Tensor | None]:
+        token_ids, positions, slots, seq_lens, query_lens, tables = [], [], [], [], [], []
+        for i, offset, take in chunk:
+            item = items[i]
+            first = starts[i] + offset
+            token_ids.extend(item.token_ids[offset : offset + take])
+            pos = list(range(first, first + take))
+            positions.extend(pos)
+            blocks = item.table.block_ids
+            slots.extend(blocks[p // self.block_size] * self.block_size + p % self.block_size for p in pos)
+            seq_lens.append(first + take)
+            query_lens.append(take)
+            tables.append(blocks)
+        width = max(len(t) for t in tables)
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            block_tables=torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            query_start_loc=torch.tensor([0] + _cumsum(query_lens), dtype=torch.int32, device=dev),
+            max_query_len=max(query_lens),
+            max_seq_len=max(seq_lens),
+        )
+        hidden = self.model(
+            torch.tensor(token_ids, dtype=torch.int64, device=dev),
+            torch.tensor(positions, dtype=torch.int64, device=dev),
+            meta,
+            self.cache.layers,
+        )
+        # Keep hidden rows of the positions that need logits: the item's last `num_logits` tokens.
+        out, cursor = [], 0
+        for i, offset, take in chunk:
+            item = items[i]
+            first_needed = len(item.token_ids) - item.num_logits
+            lo, hi = max(first_needed, offset), offset + take
+            out.append(hidden[cursor + lo - offset : cursor + hi - offset] if hi > lo else None)
+            cursor += take
+        return out
+
+
+def _cumsum(values: list[int]) -> list[int]:
+    total, out = 0, []
+    for v in values:
+        total += v
+        out.append(total)
+    return out

@@ -1,0 +1,88 @@
+"""What a worker keeps per sequence handle: its KV block table, how to sample for it, and when it was last used.
+
+The coordinator is the source of truth for committed tokens; a worker keeps only KV and sampling settings, so a
+sequence can be dropped at any time (release, lease expiry) and rebuilt from the coordinator's tokens.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+from specsplit.services.errors import InvalidArgument, UnknownSequence
+from specsplit.services.kv.block_manager import BlockTable
+from specsplit.services.runtime.model_runner import ModelRunner
+
+
+@dataclass(frozen=True)
+class WorkerSampling:
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class WorkerSequence:
+    handle: str
+    sampling: WorkerSampling
+    table: BlockTable = field(default_factory=BlockTable)
+    last_used: float = field(default_factory=time.monotonic)
+
+
+class WorkerSequences:
+    """The handles a worker holds, each owning KV blocks of the runner's cache."""
+
+    def __init__(self, runner: ModelRunner):
+        self.runner = runner
+        self._by_handle: dict[str, WorkerSequence] = {}
+
+    def __len__(self) -> int:
+        return len(self._by_handle)
+
+    def __contains__(self, handle: str) -> bool:
+        return handle in self._by_handle
+
+    def handles(self) -> list[str]:
+        return list(self._by_handle)
+
+    def create(self, handle: str, sampling: WorkerSampling) -> WorkerSequence:
+        if not handle:
+            raise InvalidArgument("sequence handle must be non-empty")
+        if handle in self._by_handle:  # a retried prefill starts over
+            self.release(handle)
+        sequence = WorkerSequence(handle, sampling)
+        self._by_handle[handle] = sequence
+        return sequence
+
+    def get(self, handle: str) -> WorkerSequence:
+        sequence = self._by_handle.get(handle)
+        if sequence is None:
+            raise UnknownSequence(f"unknown sequence handle '{handle}' (released, expired or never prefilled)")
+        sequence.last_used = time.monotonic()
+        return sequence
+
+    def rewind(self, sequence: WorkerSequence, cached_len: int) -> None:
+        """Drop KV past `cached_len` tokens: the coordinator says how many of the cached tokens are committed."""
+        if cached_len > sequence.table.num_tokens or cached_len < 0:
+            raise InvalidArgument(
+                f"sequence '{sequence.handle}' holds {sequence.table.num_tokens} tokens, cannot keep {cached_len}"
+            )
+        self.runner.block_manager.truncate(sequence.table, cached_len)
+
+    def release(self, handle: str) -> bool:
+        sequence = self._by_handle.pop(handle, None)
+        if sequence is None:
+            return False
+        self.runner.block_manager.free(sequence.table)
+        return True
+
+    def release_idle(self, max_idle_seconds: float) -> list[str]:
+        """Free sequences nobody has touched for a while (their coordinator is gone)."""
+        now = time.monotonic()
+        stale = [h for h, s in self._by_handle.items() if now - s.last_used > max_idle_seconds]
+        for handle in stale:
+            self.release(handle)
+        return stale

@@ -1,0 +1,43 @@
+"""Turn logits into the distribution a request samples from: temperature, then top-k, then top-p.
+
+Greedy rows (temperature 0) become one-hot at the argmax, which makes greedy decoding a special case of the same
+rejection sampler (see kernels/rejection_sampling.py).
+"""
+
+import torch
+
+
+def processed_probs(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """logits [N, V] float32; temperature/top_p [N] float; top_k [N] int (0 = off) -> probs [N, V] float32."""
+    greedy = temperature == 0
+    scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
+    needs_top_k = bool(((top_k > 0) & (top_k < logits.shape[-1])).any())
+    needs_top_p = bool((top_p < 1.0).any())
+    if needs_top_k or needs_top_p:
+        scaled = _mask_top_k_top_p(scaled, top_k, top_p, needs_top_k, needs_top_p)
+    probs = torch.softmax(scaled, dim=-1)
+    if bool(greedy.any()):
+        one_hot = torch.zeros_like(probs)
+        one_hot.scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
+        probs = torch.where(greedy[:, None], one_hot, probs)
+    return probs
+
+
+def _mask_top_k_top_p(scaled, top_k, top_p, needs_top_k, needs_top_p):
+    sorted_logits, sorted_index = scaled.sort(dim=-1, descending=True)
+    vocab = scaled.shape[-1]
+    ranks = torch.arange(vocab, device=scaled.device)[None, :]
+    remove = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if needs_top_k:
+        k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)
+        remove |= ranks >= k[:, None]
+    if needs_top_p:
+        sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass before it already does.
+        remove |= (cumulative - sorted_logits.softmax(dim=-1)) >= top_p[:, None]
+        remove[:, 0] = False
+    mask = torch.zeros_like(remove).scatter(1, sorted_index, remove)
+    return scaled.masked_fill(mask, float("-inf"))

@@ -1,0 +1,51 @@
+"""What a request asks for: how to sample, when to stop, what to return. Validated once, at admission."""
+
+from dataclasses import dataclass, field
+
+from specsplit.services.errors import InvalidArgument
+
+MAX_LOGPROBS = 20
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_LENGTH = 256
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.0          # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0                    # 0 = no top-k
+    seed: int | None = None           # None = a fresh random seed per request
+    max_tokens: int = 64
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None       # None = no logprobs; n >= 0 = chosen token plus top-n alternatives
+    num_speculative_tokens: int | None = None  # None = the server's default; 0 = speculation off
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self, max_speculative_tokens: int = 16) -> "SamplingParams":
+        if not (self.temperature >= 0.0) or self.temperature > 100.0:
+            raise InvalidArgument(f"temperature must be in [0, 100], got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise InvalidArgument(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise InvalidArgument(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.max_tokens < 1:
+            raise InvalidArgument(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.seed is not None and not (0 <= self.seed < 2**63):
+            raise InvalidArgument(f"seed must be in [0, 2^63), got {self.seed}")
+        if len(self.stop) > MAX_STOP_STRINGS or any(not s or len(s) > MAX_STOP_STRING_LENGTH for s in self.stop):
+            raise InvalidArgument(
+                f"stop takes at most {MAX_STOP_STRINGS} non-empty strings of at most {MAX_STOP_STRING_LENGTH} chars"
+            )
+        if any(t < 0 for t in self.stop_token_ids):
+            raise InvalidArgument("stop_token_ids must be non-negative")
+        if self.logprobs is not None and not (0 <= self.logprobs <= MAX_LOGPROBS):
+            raise InvalidArgument(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        k = self.num_speculative_tokens
+        if k is not None and not (0 <= k <= max_speculative_tokens):
+            raise InvalidArgument(f"num_speculative_tokens must be in [0, {max_speculative_tokens}], got {k}")
+        return self

@@ -1,0 +1,1 @@
+"""specsplit.services.target"""

@@ -1,0 +1,182 @@
+"""The target worker's job: score k+1 positions per sequence in one forward and decide what is accepted.
+
+Per call and sequence: drop KV past `cached_len`, run `delta` (committed tokens not yet in KV — normally only the
+last one) followed by the draft's proposals d_1..d_k, take the target's distribution p at the k+1 positions that
+decide d_1..d_k and the token after, and run the lossless rejection sampler with the draft's exact sparse q.
+KV of rejected proposals is dropped at once, so afterwards the KV holds every committed token but the newest.
+A prefill is the same operation with the prompt as delta and no proposals: it samples the first token.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from specsplit.kernels.counter_rng import STREAM_ACCEPT, STREAM_SAMPLE
+from specsplit.kernels.dispatch import counter_uniform, rejection_sample
+from specsplit.services.errors import InvalidArgument
+from specsplit.services.runtime.model_runner import ForwardItem, ModelRunner
+from specsplit.services.runtime.worker_sequences import WorkerSampling, WorkerSequences
+from specsplit.services.sampling.batch_sampling import sampling_tensors
+from specsplit.services.sampling.logits_processing import processed_probs
+from specsplit.services.sampling.logprobs import TokenLogprob, token_logprobs
+
+
+@dataclass
+class TargetPrefill:
+    handle: str
+    token_ids: list[int]
+    sampling: WorkerSampling
+    logprobs: int | None = None
+
+
+@dataclass
+class VerifyItem:
+    handle: str
+    cached_len: int
+    delta: list[int]
+    draft_token_ids: list[int] = field(default_factory=list)
+    q_token_ids: torch.Tensor | None = None  # [k, K] int64
+    q_probs: torch.Tensor | None = None      # [k, K] float32
+    logprobs: int | None = None
+
+
+@dataclass
+class Verdict:
+    num_accepted: int
+    token_ids: list[int]               # accepted proposals + the recovered or bonus token
+    logprobs: list[TokenLogprob] | None
+    num_cached: int                    # tokens now in the target's KV
+
+
+class TargetVerifier:
+    def __init__(self, runner: ModelRunner, max_speculative_tokens: int = 16):
+        self.runner = runner
+        self.sequences = WorkerSequences(runner)
+        self.max_speculative_tokens = max_speculative_tokens
+
+    def prefill(self, items: list[TargetPrefill]) -> list[Verdict | Exception]:
+        """Create sequences, run their prompts, and sample each one's first token."""
+        results: list = [None] * len(items)
+        verify_items, index = [], []
+        for i, item in enumerate(items):
+            try:
+                if not item.token_ids:
+                    raise InvalidArgument("prompt must not be empty")
+                if len(item.token_ids) >= self.runner.max_model_len:
+                    raise InvalidArgument(
+                        f"prompt of {len(item.token_ids)} tokens does not fit the target's context of "
+                        f"{self.runner.max_model_len}"
+                    )
+                if any(not 0 <= t < self.runner.vocab_size for t in item.token_ids):
+                    raise InvalidArgument(f"prompt token ids must be in [0, {self.runner.vocab_size})")
+                self.sequences.create(item.handle, item.sampling)
+                verify_items.append(VerifyItem(item.handle, 0, list(item.token_ids), logprobs=item.logprobs))
+                index.append(i)
+            except Exception as error:
+                results[i] = error
+        for i, verdict in zip(index, self.verify(verify_items)):
+            results[i] = verdict
+            if isinstance(verdict, Exception):
+                self.sequences.release(items[i].handle)
+        return results
+
+    def verify(self, items: list[VerifyItem]) -> list[Verdict | Exception]:
+        results: list = [None] * len(items)
+        live: list[tuple[int, ForwardItem]] = []
+        for i, item in enumerate(items):
+            try:
+                k = len(item.draft_token_ids)
+                self._check(item, k)
+                sequence = self.sequences.get(item.handle)
+                self.sequences.rewind(sequence, item.cached_len)
+                live.append((i, ForwardItem(sequence.table, list(item.delta) + list(item.draft_token_ids), k + 1)))
+            except Exception as error:
+                results[i] = error
+        errors = self.runner.reserve([fi for _, fi in live])
+        runnable = []
+        for (i, fi), error in zip(live, errors):
+            if error is not None:
+                results[i] = error
+            else:
+                runnable.append((i, fi))
+        if not runnable:
+            return results
+        logits = self.runner.forward([fi for _, fi in runnable])
+        for (i, _), verdict in zip(runnable, self._decide([items[i] for i, _ in runnable], [fi for _, fi in runnable], logits)):
+            results[i] = verdict
+        return results
+
+    def release(self, handles: list[str]) -> int:
+        return sum(self.sequences.release(h) for h in handles)
+
+    def _check(self, item: VerifyItem, k: int) -> None:
+        if not item.delta:
+            raise InvalidArgument("delta must hold at least the last committed token")
+        if k > self.max_speculative_tokens:
+            raise InvalidArgument(f"at most {self.max_speculative_tokens} proposals per sequence, got {k}")
+        vocab = self.runner.vocab_size
+        if any(not 0 <= t < vocab for t in item.delta) or any(not 0 <= t < vocab for t in item.draft_token_ids):
+            raise InvalidArgument(f"token ids must be in [0, {vocab})")
+        if k:
+            if item.q_token_ids is None or item.q_probs is None:
+                raise InvalidArgument("proposals need their draft distribution q")
+            if item.q_token_ids.shape != item.q_probs.shape or item.q_token_ids.shape[0] != k:
+                raise InvalidArgument(f"q must have one row per proposal ({k}), got {tuple(item.q_token_ids.shape)}")
+            if bool(((item.q_token_ids < 0) | (item.q_token_ids >= vocab)).any()):
+                raise InvalidArgument(f"q token ids must be in [0, {vocab})")
+            if bool((item.q_probs < 0).any()) or not bool(torch.isfinite(item.q_probs).all()):
+                raise InvalidArgument("q probabilities must be finite and non-negative")
+        if item.cached_len + len(item.delta) + k > self.runner.max_model_len:
+            raise InvalidArgument(f"sequence would exceed the target's context of {self.runner.max_model_len}")
+
+    def _decide(self, items: list[VerifyItem], forward: list[ForwardItem], logits: list[torch.Tensor]) -> list[Verdict]:
+        device = logits[0].device
+        sequences = [self.sequences.get(item.handle) for item in items]
+        num_draft = [len(item.draft_token_ids) for item in items]
+        # Absolute position decided by each target row: committed length + row index.
+        committed_lens = [fi.table.num_tokens - k for fi, k in zip(forward, num_draft)]
+        row_params = [s.sampling for s, k in zip(sequences, num_draft) for _ in range(k + 1)]
+        temperature, top_k, top_p, seeds = sampling_tensors(row_params, device)
+        all_logits = torch.cat(logits)
+        probs = processed_probs(all_logits, temperature, top_k, top_p)
+        row_positions = torch.tensor(
+            [length + j for length, k in zip(committed_lens, num_draft) for j in range(k + 1)], device=device
+        )
+        sample_u = counter_uniform(seeds, row_positions, STREAM_SAMPLE)
+        draft_mask = torch.tensor([j < k for k in num_draft for j in range(k + 1)], device=device)
+        accept_u = counter_uniform(seeds[draft_mask], row_positions[draft_mask], STREAM_ACCEPT)
+
+        support = max([item.q_token_ids.shape[1] for item in items if item.draft_token_ids] or [1])
+        q_ids = torch.cat([_pad(item.q_token_ids, k, support, torch.int64, device) for item, k in zip(items, num_draft)])
+        q_probs = torch.cat([_pad(item.q_probs, k, support, torch.float32, device) for item, k in zip(items, num_draft)])
+        draft_ids = torch.tensor([t for item in items for t in item.draft_token_ids], dtype=torch.int64, device=device)
+        cu = torch.tensor([0] + _cumsum(num_draft), dtype=torch.int64, device=device)
+        output, num_accepted = rejection_sample(probs, draft_ids, q_ids, q_probs, cu, accept_u, sample_u)
+        output, num_accepted = output.tolist(), num_accepted.tolist()
+
+        verdicts = []
+        for b, (item, sequence, length, seq_logits) in enumerate(zip(items, sequences, committed_lens, logits)):
+            n_acc = num_accepted[b]
+            emitted = output[b][: n_acc + 1]
+            # Rejected proposals leave the KV: it now holds every committed token but the newest.
+            self.runner.block_manager.truncate(sequence.table, length + n_acc)
+            lp = token_logprobs(seq_logits[: n_acc + 1], emitted, item.logprobs) if item.logprobs is not None else None
+            verdicts.append(Verdict(n_acc, emitted, lp, sequence.table.num_tokens))
+        return verdicts
+
+
+def _pad(tensor, rows, width, dtype, device):
+    if rows == 0:
+        return torch.zeros(0, width, dtype=dtype, device=device)
+    tensor = tensor.to(device=device, dtype=dtype)
+    if tensor.shape[1] == width:
+        return tensor
+    return torch.cat([tensor, torch.zeros(rows, width - tensor.shape[1], dtype=dtype, device=device)], dim=1)
+
+
+def _cumsum(values):
+    total, out = 0, []
+    for v in values:
+        total += v
+        out.append(total)
+    return out

@@ -1,0 +1,171 @@
+"""The `specsplit` command: run the services, generate text, prepare models."""
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+
+from specsplit.services.sampling_params import SamplingParams
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompt", help="prompt text (raw completion unless --chat)")
+    p.add_argument("--prompt-ids", help="prompt as comma-separated token ids instead of text")
+    p.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--stop-token-id", type=int, action="append", default=[], dest="stop_token_ids")
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--logprobs", type=int, default=None, help="return the chosen token's logprob and top-N others")
+    p.add_argument("--num-speculative-tokens", "-k", type=int, default=None, help="k; 0 = target only")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--num-kv-blocks", type=int, default=None, help="KV cache size in blocks (default: 1 GiB worth)")
+    p.add_argument("--block-size", type=int, default=16)
+
+
+def sampling_params_from_args(args) -> SamplingParams:
+    return SamplingParams(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        max_tokens=args.max_tokens,
+        stop=list(args.stop),
+        stop_token_ids=list(args.stop_token_ids),
+        ignore_eos=args.ignore_eos,
+        logprobs=args.logprobs,
+        num_speculative_tokens=args.num_speculative_tokens,
+    )
+
+
+def _prompt_from_args(args):
+    if args.prompt_ids:
+        return [int(t) for t in args.prompt_ids.split(",") if t.strip()]
+    if args.prompt is None:
+        raise SystemExit("give --prompt TEXT or --prompt-ids IDS")
+    return args.prompt
+
+
+def result_json(result) -> dict:
+    stats = result.stats
+    out = {
+        "request_id": result.request_id,
+        "text": result.text,
+        "token_ids": result.token_ids,
+        "finish_reason": result.finish_reason,
+        "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens},
+        "stats": {
+            "rounds": stats.rounds,
+            "draft_tokens": stats.draft_tokens,
+            "accepted_tokens": stats.accepted_tokens,
+            "acceptance_rate": stats.acceptance_rate,
+            "accepted_per_position": stats.accepted_per_position,
+            "drafted_per_position": stats.drafted_per_position,
+        },
+        "timings": {"time_to_first_token_s": result.time_to_first_token, "total_s": result.total_time},
+        "draft_variant": result.draft_variant,
+    }
+    if result.logprobs is not None:
+        out["logprobs"] = [
+            {"token_id": lp.token_id, "logprob": lp.logprob, "top": [[t, v] for t, v in lp.top]} for lp in result.logprobs
+        ]
+    return out
+
+
+async def _generate_local(args) -> int:
+    from specsplit.services.local_engine import LocalEngine
+
+    k = args.num_speculative_tokens if args.num_speculative_tokens is not None else 4
+    engine = LocalEngine(
+        args.target, args.draft, num_speculative_tokens=k, dtype=args.dtype, device=args.device,
+        num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
+    )
+    params = sampling_params_from_args(args)
+    request = engine.request(_prompt_from_args(args), params, chat=args.chat)
+    result = None
+    async for event in engine.coordinator.stream(request):
+        if hasattr(event, "finish_reason"):
+            result = event
+        elif not args.json:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+    await engine.close()
+    _print_result(args, result)
+    return 0
+
+
+def _print_result(args, result) -> None:
+    if args.json:
+        print(json.dumps(result_json(result)))
+    else:
+        sys.stdout.write("\n")
+        s = result.stats
+        print(
+            f"[{result.finish_reason}] {result.completion_tokens} tokens, {s.rounds} rounds, "
+            f"acceptance {s.acceptance_rate:.2f}, {result.total_time:.2f}s",
+            file=sys.stderr,
+        )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specsplit", description=__doc__)
+    parser.add_argument("--log-level", default="WARNING")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate text, in-process (--local) or through a coordinator (--server)")
+    where = gen.add_mutually_exclusive_group(required=True)
+    where.add_argument("--local", action="store_true", help="run draft, target and coordinator in this process")
+    where.add_argument("--server", metavar="HOST:PORT", help="a coordinator's address")
+    gen.add_argument("--target", help="target MODEL (--local): a built-in name, a Hugging Face folder or a GGUF file")
+    gen.add_argument("--draft", help="draft MODEL (--local)")
+    gen.add_argument("--timeout", type=float, default=None, help="request deadline in seconds (--server)")
+    _add_sampling_args(gen)
+    _add_model_args(gen)
+    gen.set_defaults(handler=_cmd_generate)
+
+    from specsplit.services.service_commands import add_service_commands
+
+    add_service_commands(sub, _add_model_args)
+    try:
+        from specsplit.services.models.commands import add_models_commands
+    except ImportError:
+        add_models_commands = None
+    if add_models_commands is not None:
+        add_models_commands(sub)
+    return parser
+
+
+def _cmd_generate(args) -> int:
+    if args.local:
+        if not args.target:
+            raise SystemExit("--local needs --target MODEL (and --draft MODEL to speculate)")
+        return asyncio.run(_generate_local(args))
+    from specsplit.services.client import generate_from_cli
+
+    return generate_from_cli(args, sampling_params_from_args(args), _prompt_from_args(args), _print_result)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from specsplit.services.errors import SpecsplitError
+
+    try:
+        return args.handler(args) or 0
+    except SpecsplitError as error:
+        print(f"specsplit: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
