@@ -48,12 +48,10 @@ class Coordinator:
         self._rng = random.Random(seed)
         self.waiting: deque[SequenceState] = deque()
         self.running: list[SequenceState] = []
-        self._wake = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
+        self._bound_loop = None
         self.observers = []  # callables(sequence, event_name) for metrics and canary statistics
         self._releases: dict = {}  # worker client -> handles to release after this iteration
-        self._idle = asyncio.Event()
-        self._idle.set()
 
     # ---- public API -------------------------------------------------------------------------------------------
 
@@ -82,8 +80,8 @@ class Coordinator:
         if not request.request_id:
             request.request_id = handle
         self.waiting.append(sequence)
-        self._idle.clear()
         self._ensure_loop()
+        self._idle.clear()
         self._wake.set()
         return sequence
 
@@ -114,10 +112,12 @@ class Coordinator:
             self.waiting.remove(sequence)
         if not sequence.finished:
             self._finish(sequence, "abort")
-            self._wake.set()
+            if self._bound_loop is not None:
+                self._wake.set()
 
     async def wait_idle(self) -> None:
         """Return once no request is queued or running and every finished one is released on its workers."""
+        self._bind()
         await self._idle.wait()
 
     @property
@@ -138,7 +138,19 @@ class Coordinator:
 
     # ---- the loop ---------------------------------------------------------------------------------------------
 
+    def _bind(self) -> None:
+        """Tie the loop's events to the running event loop (an engine may serve several `asyncio.run` calls)."""
+        loop = asyncio.get_running_loop()
+        if self._bound_loop is not loop:
+            self._bound_loop = loop
+            self._wake = asyncio.Event()
+            self._idle = asyncio.Event()
+            self._loop_task = None
+            if not self.waiting and not self.running:
+                self._idle.set()
+
     def _ensure_loop(self) -> None:
+        self._bind()
         if self._loop_task is None or self._loop_task.done():
             self._loop_task = asyncio.get_running_loop().create_task(self._run())
 

@@ -20,6 +20,7 @@ class DecoderConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     qkv_bias: bool
+    o_bias: bool
     mlp_bias: bool
     sliding_window: int | None
     eos_token_ids: tuple[int, ...]
@@ -60,6 +61,7 @@ class DecoderConfig:
             tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
             # Qwen2 always has q/k/v biases; Llama and Mistral say so in `attention_bias`.
             qkv_bias=model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
+            o_bias=model_type != "qwen2" and bool(getattr(hf_config, "attention_bias", False)),
             mlp_bias=bool(getattr(hf_config, "mlp_bias", False)),
             sliding_window=sliding,
             eos_token_ids=eos_ids,

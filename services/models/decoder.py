@@ -40,7 +40,7 @@ class Attention(nn.Module):
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_bias)
         self.scale = config.head_dim**-0.5
 
     def forward(self, hidden, positions, rotary: RotaryEmbedding, meta: AttentionMetadata, kv_cache):

@@ -20,6 +20,13 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         params = getattr(hf_config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0}
         rope_type = params.get("rope_type", "default")
+        with torch.device("cpu"):  # frequencies are real numbers even when the model is built on the meta device
+            inv_freq, scaling = self._inverse_frequencies(hf_config, head_dim, rope_type)
+        self.register_buffer("inv_freq", inv_freq.to(torch.float32), persistent=False)
+        self.attention_scaling = float(scaling)
+
+    @staticmethod
+    def _inverse_frequencies(hf_config, head_dim, rope_type):
         if rope_type == "default":
             inv_freq, scaling = _default_inv_freq(hf_config, head_dim)
         elif rope_type == "dynamic":
@@ -27,8 +34,7 @@ class RotaryEmbedding(nn.Module):
             inv_freq, scaling = _default_inv_freq(hf_config, head_dim)
         else:
             inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
-        self.register_buffer("inv_freq", inv_freq.to(torch.float32), persistent=False)
-        self.attention_scaling = float(scaling)
+        return inv_freq, scaling
 
     def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
         """positions [T]; query [T, H, D]; key [T, KVH, D] -> rotated (query, key), same dtypes."""

@@ -1,0 +1,26 @@
+"""Shared fixtures: tiny random-weight model folders built from real `transformers` configs."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny_models import build_model, perturbed_copy, save_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory):
+    """A qwen2 target, a close draft (perturbed copy), and an unrelated draft, all float64 for exact comparisons."""
+    root = tmp_path_factory.mktemp("tiny")
+    target = build_model("qwen2", seed=0).to(torch.float64)
+    close = perturbed_copy(target, noise=0.01)
+    unrelated = build_model("qwen2", seed=7).to(torch.float64)
+    return {
+        "target": save_model(target, root / "target"),
+        "close": save_model(close, root / "close"),
+        "unrelated": save_model(unrelated, root / "unrelated"),
+        "hf_target": target,
+    }

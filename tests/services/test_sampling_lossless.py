@@ -1,0 +1,137 @@
+"""Sampled speculative decoding is distributed exactly as the target's own sampling (chi-square tests).
+
+Each test fails by chance with probability ALPHA when the implementation is right (its seeds are fixed, so a
+given run is reproducible); a wrong acceptance rule or residual shifts the distribution far beyond that.
+"""
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specsplit.kernels.rejection_sampling import rejection_sample_torch
+from specsplit.services.coordinator.coordinator import CoordinatorConfig
+from specsplit.services.local_engine import LocalEngine
+from specsplit.services.sampling.logits_processing import processed_probs
+from specsplit.services.sampling_params import SamplingParams
+from tiny_models import build_model, perturbed_copy, save_model
+
+ALPHA = 1e-3
+
+
+def chi_square_pvalue(counts: np.ndarray, expected_probs: np.ndarray) -> float:
+    """Pool cells with expected count < 5 into one, then run the chi-square goodness-of-fit test."""
+    total = counts.sum()
+    expected = expected_probs * total
+    small = expected < 5
+    obs = np.append(counts[~small], counts[small].sum())
+    exp = np.append(expected[~small], expected[small].sum())
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    assert obs[exp == 0].sum() == 0, "a token with zero probability was sampled"
+    return chisquare(obs[exp > 0], exp[exp > 0] * obs.sum() / exp[exp > 0].sum()).pvalue
+
+
+@pytest.mark.parametrize("support", [2, 4, 8])
+def test_rejection_sampler_emits_target_distribution(support):
+    gen = torch.Generator().manual_seed(support)
+    vocab, k, n = 8, 2, 40000
+    p = torch.softmax(torch.randn(k + 1, vocab, generator=gen) * 1.5, -1)
+    q_full = torch.softmax(torch.randn(k, vocab, generator=gen) * 1.5, -1)
+    q_ids = q_full.topk(support, -1).indices
+    q_probs = q_full.gather(1, q_ids)
+    q_probs = q_probs / q_probs.sum(-1, keepdim=True)
+    # Draft tokens really drawn from the sparse q.
+    pick = torch.multinomial(q_probs, n, replacement=True, generator=gen).T  # [n, k]
+    drafts = q_ids.gather(1, pick.T).T.reshape(-1)
+    out, accepted = rejection_sample_torch(
+        target_probs=p.repeat(n, 1),
+        draft_token_ids=drafts,
+        q_token_ids=q_ids.repeat(n, 1),
+        q_probs=q_probs.repeat(n, 1),
+        cu_num_draft=torch.arange(0, (n + 1) * k, k),
+        accept_uniforms=torch.rand(n * k, generator=gen),
+        sample_uniforms=torch.rand(n * (k + 1), generator=gen),
+    )
+    first = out[:, 0].numpy()
+    assert chi_square_pvalue(np.bincount(first, minlength=vocab), p[0].numpy()) > ALPHA
+    # Given anything about position 1, position 2 is again distributed as p_2.
+    second = out[accepted >= 1, 1].numpy()
+    assert chi_square_pvalue(np.bincount(second, minlength=vocab), p[1].numpy()) > ALPHA
+    # Acceptance rate equals sum_x min(p(x), q(x)) (Leviathan et al.), within sampling error.
+    q_dense = torch.zeros(vocab).scatter(0, q_ids[0], q_probs[0])
+    expected_rate = torch.minimum(p[0], q_dense).sum().item()
+    assert abs((accepted >= 1).float().mean().item() - expected_rate) < 0.015
+
+
+SETTINGS = [
+    dict(temperature=1.0),
+    dict(temperature=0.7, top_k=5),
+    dict(temperature=1.3, top_p=0.8),
+    dict(temperature=0.9, top_k=8, top_p=0.9),
+]
+
+
+@pytest.fixture(scope="module")
+def small_vocab_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("v16")
+    target = build_model("qwen2", seed=11, vocab_size=16, scale=0.25).to(torch.float64)
+    draft = perturbed_copy(target, noise=0.15, seed=12)
+    return save_model(target, root / "t", with_tokenizer=False), save_model(draft, root / "d", with_tokenizer=False), target
+
+
+def exact_marginals(model, prompt, params: SamplingParams, steps: int) -> list[np.ndarray]:
+    """Exact distribution of each generated position, by enumerating every prefix under the processed p."""
+    def probs_after(seq_batch):
+        with torch.no_grad():
+            logits = model(torch.tensor(seq_batch)).logits[:, -1].float()
+        n = logits.shape[0]
+        return processed_probs(
+            logits,
+            torch.full((n,), params.temperature),
+            torch.full((n,), params.top_k, dtype=torch.int64),
+            torch.full((n,), params.top_p),
+        ).double()
+
+    prefixes, weights = [list(prompt)], torch.ones(1, dtype=torch.float64)
+    marginals = []
+    for _ in range(steps):
+        probs = probs_after(prefixes) * weights[:, None]
+        marginals.append(probs.sum(0).numpy())
+        vocab = probs.shape[1]
+        keep = probs.reshape(-1) > 1e-12
+        idx = torch.nonzero(keep).squeeze(1)
+        prefixes = [prefixes[i // vocab] + [i % vocab] for i in idx.tolist()]
+        weights = probs.reshape(-1)[idx]
+    return marginals
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+def test_speculative_sampling_matches_target_distribution(small_vocab_pair, setting):
+    target_dir, draft_dir, hf_target = small_vocab_pair
+    prompt = [3, 1, 4, 1, 5]
+    n = 2000
+    config = CoordinatorConfig(max_num_seqs=500, max_waiting=n)
+    engine = LocalEngine(target_dir, draft_dir, num_speculative_tokens=3, dtype="float64", coordinator_config=config)
+
+    async def main():
+        reqs = [
+            engine.coordinator.generate(engine.request(prompt, SamplingParams(max_tokens=3, ignore_eos=True, seed=s, **setting)))
+            for s in range(n)
+        ]
+        results = await asyncio.gather(*reqs)
+        await engine.coordinator.wait_idle()
+        return results
+
+    results = asyncio.run(main())
+    outputs = np.array([r.token_ids for r in results])
+    assert outputs.shape == (n, 3)
+    drafted = sum(r.stats.draft_tokens for r in results)
+    assert drafted > 0 and 0 < sum(r.stats.accepted_tokens for r in results) < drafted
+    marginals = exact_marginals(hf_target, prompt, SamplingParams(**setting), 3)
+    for position in (1, 2):  # position 0 comes from the target's prefill; 1 and 2 from speculative rounds
+        counts = np.bincount(outputs[:, position], minlength=16)
+        assert chi_square_pvalue(counts, marginals[position]) > ALPHA, f"position {position}"
+    assert engine.kv_blocks_used() == {"target": 0, "draft": 0}
