@@ -1,5 +1,125 @@
-"""`specsplit target|draft|coordinator|serve`: filled in by the gRPC services."""
+"""`specsplit target | draft | coordinator | serve`: run the services, each its own process."""
+
+import asyncio
+import signal
+import subprocess
+import sys
 
 
 def add_service_commands(sub, add_model_args) -> None:
-    return None
+    for role in ("target", "draft"):
+        p = sub.add_parser(role, help=f"run a {role} worker (gRPC)")
+        p.add_argument("--model", required=True, help="a built-in name, a Hugging Face folder or a GGUF file")
+        p.add_argument("--host", default="0.0.0.0")
+        p.add_argument("--port", type=int, default=50051, help="0 = any free port (printed)")
+        p.add_argument("--lease-seconds", type=float, default=600.0, help="free sequences idle this long")
+        p.add_argument("--draft-support", type=int, default=32, help="top-K support of the draft's q")
+        add_model_args(p)
+        p.set_defaults(handler=_run_worker, role=role)
+
+    c = sub.add_parser("coordinator", help="run the coordinator (public gRPC API)")
+    c.add_argument("--target", required=True, help="HOST:PORT[,HOST:PORT...] of target replicas")
+    c.add_argument("--draft", default="", help="HOST:PORT[,...] of draft replicas (one variant named 'default')")
+    c.add_argument("--draft-variant", action="append", default=[], metavar="NAME:WEIGHT:HOST:PORT[,...]",
+                   help="a named draft variant with its routing weight (repeatable; canaries)")
+    c.add_argument("--tokenizer", default=None, help="MODEL whose tokenizer to use (default: the target's)")
+    c.add_argument("--host", default="0.0.0.0")
+    c.add_argument("--port", type=int, default=50051)
+    c.add_argument("--num-speculative-tokens", "-k", type=int, default=4)
+    c.add_argument("--max-num-seqs", type=int, default=256)
+    c.add_argument("--max-waiting", type=int, default=1024)
+    c.add_argument("--disable-speculation-batch-size", type=int, default=0)
+    c.set_defaults(handler=_run_coordinator)
+
+    s = sub.add_parser("serve", help="run target, draft and coordinator on this machine, one process each")
+    s.add_argument("--target", required=True, help="target MODEL")
+    s.add_argument("--draft", default=None, help="draft MODEL (omit for target-only)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=50051, help="the coordinator's port")
+    s.add_argument("--num-speculative-tokens", "-k", type=int, default=4)
+    add_model_args(s)
+    s.set_defaults(handler=_run_serve)
+
+
+def parse_draft_variants(args) -> list[tuple[str, float, list[str]]]:
+    variants = []
+    if args.draft:
+        variants.append(("default", 1.0, [a for a in args.draft.split(",") if a]))
+    for spec in args.draft_variant:
+        name, weight, addresses = spec.split(":", 2)
+        variants.append((name, float(weight), [a for a in addresses.split(",") if a]))
+    return variants
+
+
+def _run_worker(args) -> int:
+    from specsplit.services.rpc.worker_process import serve_worker
+
+    options = dict(dtype=args.dtype, device=args.device, num_kv_blocks=args.num_kv_blocks, block_size=args.block_size)
+    if args.role == "draft":
+        options["draft_support"] = args.draft_support
+    asyncio.run(serve_worker(args.role, args.model, args.host, args.port, args.lease_seconds, **options))
+    return 0
+
+
+def _run_coordinator(args) -> int:
+    from specsplit.services.coordinator.coordinator import CoordinatorConfig
+    from specsplit.services.coordinator.process import serve_coordinator
+
+    config = CoordinatorConfig(
+        num_speculative_tokens=args.num_speculative_tokens,
+        max_num_seqs=args.max_num_seqs,
+        max_waiting=args.max_waiting,
+        disable_speculation_batch_size=args.disable_speculation_batch_size,
+    )
+    targets = [a for a in args.target.split(",") if a]
+    asyncio.run(serve_coordinator(targets, parse_draft_variants(args), args.host, args.port, args.tokenizer, config))
+    return 0
+
+
+def spawn_service(argv: list[str], env=None) -> tuple[subprocess.Popen, str]:
+    """Start `specsplit ARGV` and wait for its 'listening on HOST:PORT' line; returns (process, address)."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "specsplit", *argv], stdout=subprocess.PIPE, stderr=None, text=True, env=env
+    )
+    for line in process.stdout:
+        if " listening on " in line:
+            return process, line.strip().rsplit(" ", 1)[-1]
+    raise RuntimeError(f"`specsplit {' '.join(argv)}` exited with {process.wait()} before listening")
+
+
+def _run_serve(args) -> int:
+    model_flags = ["--dtype", args.dtype, "--device", args.device, "--block-size", str(args.block_size)]
+    if args.num_kv_blocks:
+        model_flags += ["--num-kv-blocks", str(args.num_kv_blocks)]
+    processes = []
+    try:
+        print(f"starting target ({args.target})" + (f" and draft ({args.draft})" if args.draft else "") + " ...", file=sys.stderr)
+        target, target_addr = spawn_service(["target", "--model", args.target, "--host", "127.0.0.1", "--port", "0", *model_flags])
+        processes.append(target)
+        coordinator_argv = ["coordinator", "--target", target_addr, "--host", args.host, "--port", str(args.port),
+                            "-k", str(args.num_speculative_tokens if args.draft else 0)]
+        if args.draft:
+            draft, draft_addr = spawn_service(["draft", "--model", args.draft, "--host", "127.0.0.1", "--port", "0", *model_flags])
+            processes.append(draft)
+            coordinator_argv += ["--draft", draft_addr]
+        coordinator, address = spawn_service(coordinator_argv)
+        processes.append(coordinator)
+        print(f"specsplit serving on {address}", flush=True)
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        while all(p.poll() is None for p in processes):
+            try:
+                processes[-1].wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                pass
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        for p in reversed(processes):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in processes:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()

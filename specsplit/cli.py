@@ -150,7 +150,7 @@ def _cmd_generate(args) -> int:
         if not args.target:
             raise SystemExit("--local needs --target MODEL (and --draft MODEL to speculate)")
         return asyncio.run(_generate_local(args))
-    from specsplit.services.client import generate_from_cli
+    from specsplit.client import generate_from_cli
 
     return generate_from_cli(args, sampling_params_from_args(args), _prompt_from_args(args), _print_result)
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent / "e2e"))
 
 from tiny_models import build_model, perturbed_copy, save_model  # noqa: E402
 

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from specsplit.services.sampling.logprobs import TokenLogprob
+from specsplit.services.sampling.token_logprob import TokenLogprob
 from specsplit.services.sampling_params import SamplingParams
 
 

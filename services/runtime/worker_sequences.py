@@ -38,6 +38,7 @@ class WorkerSequences:
     def __init__(self, runner: ModelRunner):
         self.runner = runner
         self._by_handle: dict[str, WorkerSequence] = {}
+        self.created_total = 0
 
     def __len__(self) -> int:
         return len(self._by_handle)
@@ -55,6 +56,7 @@ class WorkerSequences:
             self.release(handle)
         sequence = WorkerSequence(handle, sampling)
         self._by_handle[handle] = sequence
+        self.created_total += 1
         return sequence
 
     def get(self, handle: str) -> WorkerSequence:

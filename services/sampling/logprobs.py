@@ -1,15 +1,8 @@
 """Log-probabilities of emitted tokens under the target model's raw distribution, with the top-n alternatives."""
 
-from dataclasses import dataclass
-
 import torch
 
-
-@dataclass
-class TokenLogprob:
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]]  # (token id, logprob), most likely first
+from specsplit.services.sampling.token_logprob import TokenLogprob
 
 
 def token_logprobs(logits: torch.Tensor, token_ids: list[int], top_n: int) -> list[TokenLogprob]:

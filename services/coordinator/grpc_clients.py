@@ -1,0 +1,110 @@
+"""Draft and target replicas reached over gRPC: the same interface as the in-process clients."""
+
+import asyncio
+import socket
+
+import grpc
+
+from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
+from specsplit.services.errors import Unavailable
+from specsplit.services.rpc import worker_messages as msg
+from specsplit.services.rpc.server import MAX_MESSAGE_BYTES
+from specsplit.services.rpc.status_codes import error_from_rpc
+
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+
+
+def expand_address(address: str) -> list[str]:
+    """HOST:PORT -> one address per IP when HOST resolves to several (a headless Service), else itself."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"address must be HOST:PORT, got '{address}'")
+    try:
+        infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        return [address]
+    ips = sorted({info[4][0] for info in infos})
+    if len(ips) <= 1:
+        return [address]
+    return [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips]
+
+
+class _GrpcWorkerClient:
+    stub_class = None
+    role = ""
+
+    def __init__(self, address: str, call_timeout: float = 60.0):
+        self.name = address
+        self.address = address
+        self.call_timeout = call_timeout
+        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.stub = self.stub_class(self.channel)
+        self.info: worker_pb2.WorkerInfo | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.info.vocab_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self.info.max_model_len
+
+    async def connect(self, timeout: float = 120.0) -> "_GrpcWorkerClient":
+        """Wait until the worker answers Describe (it may still be loading its model)."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            try:
+                self.info = await self.stub.Describe(worker_pb2.DescribeRequest(), timeout=5.0)
+            except grpc.RpcError as error:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise Unavailable(f"{self.role} at {self.address} did not answer: {error.details()}") from None
+                await asyncio.sleep(0.5)
+                continue
+            if self.info.role != self.role:
+                raise Unavailable(f"{self.address} is a {self.info.role} worker, not a {self.role}")
+            return self
+
+    async def describe(self) -> worker_pb2.WorkerInfo:
+        return await self._call(self.stub.Describe, worker_pb2.DescribeRequest())
+
+    async def release(self, handles):
+        await self._call(self.stub.Release, worker_pb2.ReleaseRequest(handles=handles))
+
+    async def _call(self, method, request):
+        try:
+            return await method(request, timeout=self.call_timeout)
+        except grpc.RpcError as error:
+            raise error_from_rpc(error) from None
+
+    async def close(self):
+        await self.channel.close()
+
+
+class GrpcDraftClient(_GrpcWorkerClient):
+    stub_class = worker_pb2_grpc.DraftWorkerStub
+    role = "draft"
+
+    async def prefill(self, items):
+        return msg.draft_prefill_results(await self._call(self.stub.Prefill, msg.draft_prefill_request(items)))
+
+    async def propose(self, items):
+        return msg.proposals(await self._call(self.stub.Propose, msg.propose_request(items)))
+
+
+class GrpcTargetClient(_GrpcWorkerClient):
+    stub_class = worker_pb2_grpc.TargetWorkerStub
+    role = "target"
+
+    async def prefill(self, items):
+        response = await self._call(self.stub.Prefill, msg.target_prefill_request(items))
+        return msg.verdicts(response, [i.logprobs is not None for i in items])
+
+    async def verify(self, items):
+        response = await self._call(self.stub.Verify, msg.verify_request(items))
+        return msg.verdicts(response, [i.logprobs is not None for i in items])

@@ -1,0 +1,69 @@
+"""Run the coordinator as its own process: connect to the replicas, then serve the public API."""
+
+import asyncio
+import logging
+import signal
+
+from specsplit.services.coordinator.coordinator import Coordinator, CoordinatorConfig
+from specsplit.services.coordinator.grpc_clients import GrpcDraftClient, GrpcTargetClient, expand_address
+from specsplit.services.coordinator.replica_pools import ReplicaPool
+from specsplit.services.coordinator.server import GenerationService
+from specsplit.services.errors import InvalidArgument
+from specsplit.services.rpc.server import start_server
+
+log = logging.getLogger(__name__)
+
+
+def load_tokenizer(source: str | None):
+    if not source:
+        return None
+    from transformers import AutoTokenizer
+
+    from specsplit.services.models.loader import resolve_model_path
+
+    path = resolve_model_path(source)
+    if path.is_file():
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return AutoTokenizer.from_pretrained(path)
+
+
+async def connect_pools(target_addresses, draft_variants, connect_timeout):
+    """-> (target pool, draft pools); draft_variants is [(name, weight, [addresses])]."""
+    targets = [GrpcTargetClient(a) for spec in target_addresses for a in expand_address(spec)]
+    drafts = [(name, weight, [GrpcDraftClient(a) for spec in addrs for a in expand_address(spec)]) for name, weight, addrs in draft_variants]
+    await asyncio.gather(*(c.connect(connect_timeout) for c in targets), *(c.connect(connect_timeout) for _, _, cs in drafts for c in cs))
+    vocab = {c.vocab_size for c in targets}
+    if len(vocab) != 1:
+        raise InvalidArgument(f"target replicas disagree on the vocabulary: {sorted(vocab)}")
+    for name, _, clients in drafts:
+        for c in clients:
+            if c.vocab_size != targets[0].vocab_size:
+                raise InvalidArgument(
+                    f"mismatched vocabularies: draft {c.address} ({name}) has {c.vocab_size} tokens, target has {targets[0].vocab_size}"
+                )
+    return ReplicaPool("target", targets), [ReplicaPool(name, clients, weight) for name, weight, clients in drafts]
+
+
+async def serve_coordinator(
+    targets: list[str],
+    draft_variants: list[tuple[str, float, list[str]]],
+    host: str,
+    port: int,
+    tokenizer: str | None = None,
+    config: CoordinatorConfig | None = None,
+    connect_timeout: float = 300.0,
+) -> None:
+    target_pool, draft_pools = await connect_pools(targets, draft_variants, connect_timeout)
+    first = target_pool.replicas[0].info
+    tok = load_tokenizer(tokenizer or first.model_path)
+    coordinator = Coordinator(target_pool, draft_pools, tok, list(first.eos_token_ids), config)
+    service = GenerationService(coordinator)
+    server, bound, _ = await start_server(service.add_to, ["specsplit.v1.Generation"], host, port)
+    print(f"specsplit coordinator listening on {host}:{bound}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop(grace=2.0)
+    await coordinator.close()

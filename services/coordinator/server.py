@@ -1,0 +1,53 @@
+"""The public Generation service: each RPC is `from_pb -> coordinator -> to_pb`; errors become status codes.
+
+A client that cancels, or whose deadline passes, cancels the handler; the coordinator's stream then aborts the
+request, which releases its KV on the draft and target replicas.
+"""
+
+import logging
+
+import grpc
+
+from specsplit.proto.v1 import generation_pb2, generation_pb2_grpc
+from specsplit.services.coordinator import public_messages as pm
+from specsplit.services.coordinator.coordinator import Coordinator
+from specsplit.services.coordinator.generation import GenerationRequest
+from specsplit.services.errors import SpecsplitError
+from specsplit.services.rpc.status_codes import status_code_for
+from specsplit.services.tokenization import encode_prompt
+
+log = logging.getLogger(__name__)
+
+
+class GenerationService(generation_pb2_grpc.GenerationServicer):
+    def __init__(self, coordinator: Coordinator, variant_stats=None):
+        self.coordinator = coordinator
+        self.variant_stats = variant_stats  # callable -> DraftVariantStatsResponse
+
+    def _request(self, m: generation_pb2.GenerateRequest) -> GenerationRequest:
+        params = pm.params_from_pb(m)
+        ids = encode_prompt(self.coordinator.tokenizer, pm.prompt_from_pb(m), m.chat)
+        return GenerationRequest(ids, params, m.request_id)
+
+    async def Generate(self, request, context):
+        try:
+            result = await self.coordinator.generate(self._request(request))
+        except SpecsplitError as error:
+            await context.abort(status_code_for(error), str(error))
+        return pm.response_pb(result)
+
+    async def GenerateStream(self, request, context):
+        try:
+            generation = self._request(request)
+            async for event in self.coordinator.stream(generation):
+                yield pm.stream_event_pb(event, generation.request_id)
+        except SpecsplitError as error:
+            await context.abort(status_code_for(error), str(error))
+
+    async def GetDraftVariantStats(self, request, context):
+        if self.variant_stats is None:
+            return generation_pb2.DraftVariantStatsResponse()
+        return self.variant_stats()
+
+    def add_to(self, server) -> None:
+        generation_pb2_grpc.add_GenerationServicer_to_server(self, server)

@@ -1,0 +1,38 @@
+"""The draft service: DraftWorker RPCs over the proposer, each `from_pb -> batched step -> to_pb`."""
+
+from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
+from specsplit.services.draft.proposer import DraftProposer
+from specsplit.services.rpc import worker_messages as msg
+from specsplit.services.rpc.step_batcher import StepBatcher
+from specsplit.services.rpc.worker_info import worker_info
+
+
+class DraftService(worker_pb2_grpc.DraftWorkerServicer):
+    def __init__(self, proposer: DraftProposer, model_name: str):
+        self.proposer = proposer
+        self.model_name = model_name
+        self.batcher = StepBatcher(
+            {
+                "prefill": proposer.prefill,
+                "propose": proposer.propose,
+                "release": lambda handles: [proposer.sequences.release(h) for h in handles],
+                "expire": lambda ages: [proposer.sequences.release_idle(a) for a in ages],
+            },
+            name="draft",
+        )
+
+    async def Prefill(self, request, context):
+        return msg.draft_prefill_response(await self.batcher.submit("prefill", msg.draft_prefill_items(request)))
+
+    async def Propose(self, request, context):
+        return msg.propose_response(await self.batcher.submit("propose", msg.propose_items(request)))
+
+    async def Release(self, request, context):
+        released = await self.batcher.submit("release", list(request.handles))
+        return worker_pb2.ReleaseResponse(released=sum(bool(r) for r in released))
+
+    async def Describe(self, request, context):
+        return worker_info("draft", self.model_name, self.proposer.runner, self.proposer.sequences, self.batcher)
+
+    def add_to(self, server) -> None:
+        worker_pb2_grpc.add_DraftWorkerServicer_to_server(self, server)

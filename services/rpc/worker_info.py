@@ -1,0 +1,21 @@
+"""A worker's self-description (model, context, KV use), served by Describe and read by the coordinator."""
+
+from specsplit.proto.v1 import worker_pb2
+
+
+def worker_info(role, model_name, runner, sequences, batcher) -> worker_pb2.WorkerInfo:
+    manager = runner.block_manager
+    return worker_pb2.WorkerInfo(
+        role=role,
+        model=model_name,
+        vocab_size=runner.vocab_size,
+        max_model_len=runner.max_model_len,
+        kv_blocks_total=manager.num_blocks,
+        kv_blocks_used=manager.num_used_blocks,
+        block_size=manager.block_size,
+        sequences=len(sequences),
+        queue_depth=batcher.queue_depth,
+        eos_token_ids=list(runner.config.eos_token_ids),
+        model_path=runner.loaded.path,
+        sequences_prefilled=sequences.created_total,
+    )

@@ -1,0 +1,184 @@
+"""Worker messages between their protobuf form and the dataclasses the draft proposer and target verifier use.
+
+Both ends use these functions, so what the coordinator sends is exactly what the worker computes on: q travels as
+float32 and arrives bit-identical.
+"""
+
+import torch
+
+from specsplit.proto.v1 import worker_pb2
+from specsplit.services.draft.proposer import DraftPrefill, Proposal, ProposeItem
+from specsplit.services.rpc.status_codes import code_number, error_from_status, status_code_for
+from specsplit.services.runtime.worker_sequences import WorkerSampling
+from specsplit.services.rpc.logprob_messages import logprobs_from_pb, logprobs_pb
+from specsplit.services.target.verifier import TargetPrefill, Verdict, VerifyItem
+
+OK = worker_pb2.ItemStatus(code=0)
+
+
+def status_pb(error: Exception | None) -> worker_pb2.ItemStatus:
+    if error is None:
+        return OK
+    return worker_pb2.ItemStatus(code=code_number(status_code_for(error)), message=str(error))
+
+
+def sampling_pb(s: WorkerSampling) -> worker_pb2.WorkerSampling:
+    return worker_pb2.WorkerSampling(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed)
+
+
+def sampling_from_pb(m: worker_pb2.WorkerSampling) -> WorkerSampling:
+    return WorkerSampling(m.temperature, m.top_k, m.top_p if m.top_p > 0 else 1.0, m.seed)
+
+
+def _optional(m, name):
+    return getattr(m, name) if m.HasField(name) else None
+
+
+# ---- draft ----------------------------------------------------------------------------------------------------
+
+def draft_prefill_request(items: list[DraftPrefill]) -> worker_pb2.DraftPrefillRequest:
+    return worker_pb2.DraftPrefillRequest(
+        items=[worker_pb2.DraftPrefillItem(handle=i.handle, token_ids=i.token_ids, sampling=sampling_pb(i.sampling)) for i in items]
+    )
+
+
+def draft_prefill_items(request: worker_pb2.DraftPrefillRequest) -> list[DraftPrefill]:
+    return [DraftPrefill(i.handle, list(i.token_ids), sampling_from_pb(i.sampling)) for i in request.items]
+
+
+def draft_prefill_response(results: list) -> worker_pb2.DraftPrefillResponse:
+    return worker_pb2.DraftPrefillResponse(
+        results=[
+            worker_pb2.DraftPrefillResult(status=status_pb(r), num_cached=0)
+            if isinstance(r, Exception)
+            else worker_pb2.DraftPrefillResult(status=OK, num_cached=r)
+            for r in results
+        ]
+    )
+
+
+def draft_prefill_results(response: worker_pb2.DraftPrefillResponse) -> list:
+    return [r.num_cached if r.status.code == 0 else error_from_status(r.status.code, r.status.message) for r in response.results]
+
+
+def propose_request(items: list[ProposeItem]) -> worker_pb2.ProposeRequest:
+    return worker_pb2.ProposeRequest(
+        items=[worker_pb2.ProposeItem(handle=i.handle, cached_len=i.cached_len, delta=i.delta, k=i.k) for i in items]
+    )
+
+
+def propose_items(request: worker_pb2.ProposeRequest) -> list[ProposeItem]:
+    return [ProposeItem(i.handle, i.cached_len, list(i.delta), i.k) for i in request.items]
+
+
+def propose_response(results: list) -> worker_pb2.ProposeResponse:
+    out = []
+    for r in results:
+        if isinstance(r, Exception):
+            out.append(worker_pb2.Proposal(status=status_pb(r)))
+            continue
+        support = r.q_token_ids.shape[1] if r.token_ids else 1
+        out.append(
+            worker_pb2.Proposal(
+                status=OK,
+                token_ids=r.token_ids,
+                support=support,
+                q_token_ids=r.q_token_ids.reshape(-1).tolist(),
+                q_probs=r.q_probs.reshape(-1).tolist(),
+                num_cached=r.num_cached,
+            )
+        )
+    return worker_pb2.ProposeResponse(results=out)
+
+
+def proposals(response: worker_pb2.ProposeResponse) -> list:
+    out = []
+    for r in response.results:
+        if r.status.code != 0:
+            out.append(error_from_status(r.status.code, r.status.message))
+            continue
+        k, support = len(r.token_ids), max(r.support, 1)
+        out.append(
+            Proposal(
+                token_ids=list(r.token_ids),
+                q_token_ids=torch.tensor(list(r.q_token_ids), dtype=torch.int64).view(k, support),
+                q_probs=torch.tensor(list(r.q_probs), dtype=torch.float32).view(k, support),
+                num_cached=r.num_cached,
+            )
+        )
+    return out
+
+
+# ---- target ---------------------------------------------------------------------------------------------------
+
+def target_prefill_request(items: list[TargetPrefill]) -> worker_pb2.TargetPrefillRequest:
+    return worker_pb2.TargetPrefillRequest(
+        items=[
+            worker_pb2.TargetPrefillItem(handle=i.handle, token_ids=i.token_ids, sampling=sampling_pb(i.sampling), logprobs=i.logprobs)
+            for i in items
+        ]
+    )
+
+
+def target_prefill_items(request: worker_pb2.TargetPrefillRequest) -> list[TargetPrefill]:
+    return [
+        TargetPrefill(i.handle, list(i.token_ids), sampling_from_pb(i.sampling), _optional(i, "logprobs"))
+        for i in request.items
+    ]
+
+
+def verify_request(items: list[VerifyItem]) -> worker_pb2.VerifyRequest:
+    out = []
+    for i in items:
+        m = worker_pb2.VerifyItem(handle=i.handle, cached_len=i.cached_len, delta=i.delta, logprobs=i.logprobs)
+        if i.draft_token_ids:
+            m.draft_token_ids.extend(i.draft_token_ids)
+            m.support = i.q_token_ids.shape[1]
+            m.q_token_ids.extend(i.q_token_ids.reshape(-1).tolist())
+            m.q_probs.extend(i.q_probs.reshape(-1).tolist())
+        out.append(m)
+    return worker_pb2.VerifyRequest(items=out)
+
+
+def verify_items(request: worker_pb2.VerifyRequest) -> list:
+    """Malformed items become InvalidArgument errors in place, so the rest of the batch still runs."""
+    from specsplit.services.errors import InvalidArgument
+
+    out = []
+    for i in request.items:
+        k = len(i.draft_token_ids)
+        item = VerifyItem(i.handle, i.cached_len, list(i.delta), list(i.draft_token_ids), logprobs=_optional(i, "logprobs"))
+        if k:
+            support = i.support
+            if support < 1 or len(i.q_token_ids) != k * support or len(i.q_probs) != k * support:
+                out.append(InvalidArgument(f"q must hold {k} x support entries; got support {support}, {len(i.q_probs)} probs"))
+                continue
+            item.q_token_ids = torch.tensor(list(i.q_token_ids), dtype=torch.int64).view(k, support)
+            item.q_probs = torch.tensor(list(i.q_probs), dtype=torch.float32).view(k, support)
+        out.append(item)
+    return out
+
+
+def verify_response(results: list) -> worker_pb2.VerifyResponse:
+    out = []
+    for r in results:
+        if isinstance(r, Exception):
+            out.append(worker_pb2.Verdict(status=status_pb(r)))
+        else:
+            out.append(
+                worker_pb2.Verdict(
+                    status=OK, num_accepted=r.num_accepted, token_ids=r.token_ids, logprobs=logprobs_pb(r.logprobs), num_cached=r.num_cached
+                )
+            )
+    return worker_pb2.VerifyResponse(results=out)
+
+
+def verdicts(response: worker_pb2.VerifyResponse, wants_logprobs: list[bool]) -> list:
+    out = []
+    for r, wants in zip(response.results, wants_logprobs):
+        if r.status.code != 0:
+            out.append(error_from_status(r.status.code, r.status.message))
+        else:
+            lp = logprobs_from_pb(r.logprobs) if wants else None
+            out.append(Verdict(r.num_accepted, list(r.token_ids), lp, r.num_cached))
+    return out

@@ -1,0 +1,51 @@
+"""Run a draft or target worker as its own process: load the model, serve gRPC, expire abandoned sequences."""
+
+import asyncio
+import logging
+import signal
+import sys
+
+from specsplit.services.models.loader import load_model
+from specsplit.services.rpc.server import start_server
+from specsplit.services.runtime.model_runner import ModelRunner
+
+log = logging.getLogger(__name__)
+
+
+def build_worker_service(role: str, model: str, dtype="float32", device="cpu", num_kv_blocks=None, block_size=16, draft_support=32):
+    loaded = load_model(model, dtype, device)
+    runner = ModelRunner(loaded, num_blocks=num_kv_blocks, block_size=block_size)
+    if role == "draft":
+        from specsplit.services.draft.proposer import DraftProposer
+        from specsplit.services.draft.server import DraftService
+
+        return DraftService(DraftProposer(runner, support_size=draft_support), loaded.name), "specsplit.v1.DraftWorker"
+    from specsplit.services.target.server import TargetService
+    from specsplit.services.target.verifier import TargetVerifier
+
+    return TargetService(TargetVerifier(runner), loaded.name), "specsplit.v1.TargetWorker"
+
+
+async def serve_worker(role: str, model: str, host: str, port: int, lease_seconds: float = 600.0, **model_options) -> None:
+    service, service_name = build_worker_service(role, model, **model_options)
+    server, bound, _ = await start_server(service.add_to, [service_name], host, port)
+    print(f"specsplit {role} listening on {host}:{bound}", flush=True)
+    sys.stdout.flush()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def expire_abandoned():
+        # A coordinator that died cannot release its sequences: free any untouched for `lease_seconds`.
+        while True:
+            await asyncio.sleep(min(lease_seconds / 4, 30.0))
+            expired = await service.batcher.submit("expire", [lease_seconds])
+            if expired and expired[0]:
+                log.warning("released %d abandoned sequences", len(expired[0]))
+
+    expirer = asyncio.create_task(expire_abandoned())
+    await stop.wait()
+    expirer.cancel()
+    await server.stop(grace=2.0)
+    service.batcher.stop()

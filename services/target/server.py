@@ -1,0 +1,44 @@
+"""The target service: TargetWorker RPCs over the verifier, each `from_pb -> batched step -> to_pb`."""
+
+from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
+from specsplit.services.rpc import worker_messages as msg
+from specsplit.services.rpc.step_batcher import StepBatcher
+from specsplit.services.rpc.worker_info import worker_info
+from specsplit.services.target.verifier import TargetVerifier
+
+
+class TargetService(worker_pb2_grpc.TargetWorkerServicer):
+    def __init__(self, verifier: TargetVerifier, model_name: str):
+        self.verifier = verifier
+        self.model_name = model_name
+        self.batcher = StepBatcher(
+            {
+                "prefill": verifier.prefill,
+                "verify": self._verify,
+                "release": lambda handles: [verifier.sequences.release(h) for h in handles],
+                "expire": lambda ages: [verifier.sequences.release_idle(a) for a in ages],
+            },
+            name="target",
+        )
+
+    def _verify(self, items: list) -> list:
+        """Items that failed to decode stay errors; the rest verify as one batch."""
+        valid = [i for i in items if not isinstance(i, Exception)]
+        verdicts = iter(self.verifier.verify(valid))
+        return [i if isinstance(i, Exception) else next(verdicts) for i in items]
+
+    async def Prefill(self, request, context):
+        return msg.verify_response(await self.batcher.submit("prefill", msg.target_prefill_items(request)))
+
+    async def Verify(self, request, context):
+        return msg.verify_response(await self.batcher.submit("verify", msg.verify_items(request)))
+
+    async def Release(self, request, context):
+        released = await self.batcher.submit("release", list(request.handles))
+        return worker_pb2.ReleaseResponse(released=sum(bool(r) for r in released))
+
+    async def Describe(self, request, context):
+        return worker_info("target", self.model_name, self.verifier.runner, self.verifier.sequences, self.batcher)
+
+    def add_to(self, server) -> None:
+        worker_pb2_grpc.add_TargetWorkerServicer_to_server(self, server)

@@ -1,0 +1,27 @@
+import pytest
+
+from cluster import Cluster
+
+
+@pytest.fixture(scope="session")
+def cluster(tiny_pair):
+    """Two targets, two drafts (float64 tiny models) and two coordinators, each its own process:
+    `one_target` routes to draft_a and draft_b over target_a; `two_targets` routes to target_a and target_b with
+    draft_a."""
+    c = Cluster()
+    model = ["--dtype", "float64"]
+    try:
+        c.start({
+            "target_a": ["target", "--model", str(tiny_pair["target"]), "--host", "127.0.0.1", "--port", "0", *model],
+            "target_b": ["target", "--model", str(tiny_pair["target"]), "--host", "127.0.0.1", "--port", "0", *model],
+            "draft_a": ["draft", "--model", str(tiny_pair["close"]), "--host", "127.0.0.1", "--port", "0", *model],
+            "draft_b": ["draft", "--model", str(tiny_pair["close"]), "--host", "127.0.0.1", "--port", "0", *model],
+        })
+        a = c.addresses
+        c.start({
+            "one_target": ["coordinator", "--target", a["target_a"], "--draft", f"{a['draft_a']},{a['draft_b']}", "--host", "127.0.0.1", "--port", "0", "-k", "4"],
+            "two_targets": ["coordinator", "--target", f"{a['target_a']},{a['target_b']}", "--draft", a["draft_a"], "--host", "127.0.0.1", "--port", "0", "-k", "4"],
+        })
+        yield c
+    finally:
+        c.stop()
