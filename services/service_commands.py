@@ -6,7 +6,11 @@ import subprocess
 import sys
 
 
-def add_service_commands(sub, add_model_args) -> None:
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+
+
+def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
     for role in ("target", "draft"):
         p = sub.add_parser(role, help=f"run a {role} worker (gRPC)")
         p.add_argument("--model", required=True, help="a built-in name, a Hugging Face folder or a GGUF file")
@@ -31,12 +35,16 @@ def add_service_commands(sub, add_model_args) -> None:
     c.add_argument("--disable-speculation-batch-size", type=int, default=0)
     c.set_defaults(handler=_run_coordinator)
 
-    s = sub.add_parser("serve", help="run target, draft and coordinator on this machine, one process each")
-    s.add_argument("--target", required=True, help="target MODEL")
-    s.add_argument("--draft", default=None, help="draft MODEL (omit for target-only)")
+    s = sub.add_parser(
+        "serve",
+        help="run target, draft and coordinator on this machine, one process each; with --prompt, send one "
+        "request through them, print it and stop",
+    )
+    s.add_argument("--target", default=DEFAULT_TARGET, help=f"target MODEL (default {DEFAULT_TARGET})")
+    s.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft MODEL (default {DEFAULT_DRAFT}; 'none' = target-only)")
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=50051, help="the coordinator's port")
-    s.add_argument("--num-speculative-tokens", "-k", type=int, default=4)
+    s.add_argument("--port", type=int, default=50051, help="the coordinator's port (0 = any)")
+    add_sampling_args(s)
     add_model_args(s)
     s.set_defaults(handler=_run_serve)
 
@@ -88,6 +96,9 @@ def spawn_service(argv: list[str], env=None) -> tuple[subprocess.Popen, str]:
 
 
 def _run_serve(args) -> int:
+    if args.draft in ("none", ""):
+        args.draft = None
+    k = args.num_speculative_tokens if args.num_speculative_tokens is not None else 4
     model_flags = ["--dtype", args.dtype, "--device", args.device, "--block-size", str(args.block_size)]
     if args.num_kv_blocks:
         model_flags += ["--num-kv-blocks", str(args.num_kv_blocks)]
@@ -97,7 +108,7 @@ def _run_serve(args) -> int:
         target, target_addr = spawn_service(["target", "--model", args.target, "--host", "127.0.0.1", "--port", "0", *model_flags])
         processes.append(target)
         coordinator_argv = ["coordinator", "--target", target_addr, "--host", args.host, "--port", str(args.port),
-                            "-k", str(args.num_speculative_tokens if args.draft else 0)]
+                            "-k", str(k if args.draft else 0)]
         if args.draft:
             draft, draft_addr = spawn_service(["draft", "--model", args.draft, "--host", "127.0.0.1", "--port", "0", *model_flags])
             processes.append(draft)
@@ -105,6 +116,8 @@ def _run_serve(args) -> int:
         coordinator, address = spawn_service(coordinator_argv)
         processes.append(coordinator)
         print(f"specsplit serving on {address}", flush=True)
+        if args.prompt is not None or args.prompt_ids:
+            return _one_request(args, address)
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         while all(p.poll() is None for p in processes):
             try:
@@ -123,3 +136,12 @@ def _run_serve(args) -> int:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+def _one_request(args, address: str) -> int:
+    """The quick start: one generation through the running services, streamed to the terminal."""
+    from specsplit.cli import print_result, prompt_from_args, sampling_params_from_args
+    from specsplit.client import generate_from_cli
+
+    args.server, args.timeout = address, None
+    return generate_from_cli(args, sampling_params_from_args(args), prompt_from_args(args), print_result)

@@ -48,7 +48,7 @@ def sampling_params_from_args(args) -> SamplingParams:
     )
 
 
-def _prompt_from_args(args):
+def prompt_from_args(args):
     if args.prompt_ids:
         return [int(t) for t in args.prompt_ids.split(",") if t.strip()]
     if args.prompt is None:
@@ -91,7 +91,7 @@ async def _generate_local(args) -> int:
         num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
     )
     params = sampling_params_from_args(args)
-    request = engine.request(_prompt_from_args(args), params, chat=args.chat)
+    request = engine.request(prompt_from_args(args), params, chat=args.chat)
     result = None
     async for event in engine.coordinator.stream(request):
         if hasattr(event, "finish_reason"):
@@ -100,11 +100,11 @@ async def _generate_local(args) -> int:
             sys.stdout.write(event.text)
             sys.stdout.flush()
     await engine.close()
-    _print_result(args, result)
+    print_result(args, result)
     return 0
 
 
-def _print_result(args, result) -> None:
+def print_result(args, result) -> None:
     if args.json:
         print(json.dumps(result_json(result)))
     else:
@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from specsplit.services.service_commands import add_service_commands
 
-    add_service_commands(sub, _add_model_args)
+    add_service_commands(sub, _add_model_args, _add_sampling_args)
     try:
         from specsplit.services.models.commands import add_models_commands
     except ImportError:
@@ -152,7 +152,7 @@ def _cmd_generate(args) -> int:
         return asyncio.run(_generate_local(args))
     from specsplit.client import generate_from_cli
 
-    return generate_from_cli(args, sampling_params_from_args(args), _prompt_from_args(args), _print_result)
+    return generate_from_cli(args, sampling_params_from_args(args), prompt_from_args(args), print_result)
 
 
 def main(argv=None) -> int:

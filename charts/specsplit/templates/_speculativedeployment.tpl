@@ -1,0 +1,115 @@
+{{/* The SpeculativeDeployment the chart renders: role blocks, GPUs, model cache, value checks. */}}
+
+{{/*
+GPUs of a role: values carry them the Kubernetes way (nvidia.com/gpu in resources), the
+SpeculativeDeployment as a count (`resources.gpus`) that the operator puts into both requests and limits.
+Takes (dict "resources" MAP "path" "target.resources"); returns the count as text.
+*/}}
+{{- define "specsplit.gpuCount" -}}
+{{- $key := "nvidia.com/gpu" }}
+{{- $resources := .resources | default dict }}
+{{- $requests := $resources.requests | default dict }}
+{{- $limits := $resources.limits | default dict }}
+{{- $request := hasKey $requests $key | ternary (toString (index $requests $key)) "" }}
+{{- $limit := hasKey $limits $key | ternary (toString (index $limits $key)) "" }}
+{{- if and $request (not $limit) }}
+{{- fail (printf "%s: nvidia.com/gpu must be set in limits (Kubernetes requires extended resources to be limited); requests has %s" .path $request) }}
+{{- end }}
+{{- if and $request (ne $request $limit) }}
+{{- fail (printf "%s: nvidia.com/gpu requests (%s) must equal limits (%s)" .path $request $limit) }}
+{{- end }}
+{{- $limit | default "0" | int }}
+{{- end }}
+
+{{/* Resource quantities without the GPUs, as strings. Takes a map of quantities. */}}
+{{- define "specsplit.quantities" -}}
+{{- range $name, $quantity := omit . "nvidia.com/gpu" }}
+{{ $name }}: {{ $quantity | toString | quote }}
+{{- end }}
+{{- end }}
+
+{{/* The `resources` of a SpeculativeDeployment role. Takes (dict "resources" MAP "path" TEXT "gpus" BOOL). */}}
+{{- define "specsplit.cr.resources" -}}
+{{- $resources := .resources | default dict }}
+{{- $requests := $resources.requests | default dict }}
+{{- $limits := $resources.limits | default dict }}
+{{- if .gpus }}
+gpus: {{ include "specsplit.gpuCount" . }}
+{{- end }}
+{{- with omit $requests "nvidia.com/gpu" }}
+requests:
+  {{- include "specsplit.quantities" . | trim | nindent 2 }}
+{{- end }}
+{{- with omit $limits "nvidia.com/gpu" }}
+limits:
+  {{- include "specsplit.quantities" . | trim | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+A target or draft pool of the SpeculativeDeployment, from the value block of the same name.
+Takes (dict "ctx" $ "role" "target"|"draft").
+*/}}
+{{- define "specsplit.cr.workerRole" -}}
+{{- $values := index .ctx.Values .role }}
+{{- $path := printf "%s.resources" .role }}
+{{- if gt (int $values.replicas.min) (int $values.replicas.max) }}
+{{- fail (printf "%s.replicas.min (%d) must not exceed %s.replicas.max (%d)" .role (int $values.replicas.min) .role (int $values.replicas.max)) }}
+{{- end }}
+{{- $gpus := include "specsplit.gpuCount" (dict "resources" $values.resources "path" $path) | int }}
+{{- $tp := int $values.tensorParallelSize }}
+{{- if and (gt $tp 1) (lt $gpus $tp) }}
+{{- fail (printf "%s.tensorParallelSize (%d) needs one GPU per shard: set nvidia.com/gpu to at least %d in %s.resources.limits" .role $tp $tp .role) }}
+{{- end }}
+model: {{ $values.model | quote }}
+replicas:
+  min: {{ int $values.replicas.min }}
+  max: {{ int $values.replicas.max }}
+tensorParallelSize: {{ $tp }}
+resources:
+  {{- include "specsplit.cr.resources" (dict "resources" $values.resources "path" $path "gpus" true) | trim | nindent 2 }}
+{{- with $values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with $values.autoscaling }}
+autoscaling:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* Claim of the shared model cache, if any: an existing one or the one the chart creates. */}}
+{{- define "specsplit.modelCache.claimName" -}}
+{{- if .Values.modelCache.existingClaim }}
+{{- .Values.modelCache.existingClaim }}
+{{- else if .Values.modelCache.persistent }}
+{{- printf "%s-models" (include "specsplit.deployment.name" .) }}
+{{- end }}
+{{- end }}
+
+{{/*
+Values the issue asks for that the operator cannot carry to its pods yet (SpeculativeDeployment v1alpha1
+has no field for them). Setting one fails the install with the reason, instead of being silently ignored.
+*/}}
+{{- define "specsplit.requireOperatorSupport" -}}
+{{- $missing := list }}
+{{- if .Values.tls.enabled }}
+{{- $missing = append $missing "tls.enabled (no spec field takes the TLS secret to the pods)" }}
+{{- end }}
+{{- range $role := list "target" "draft" }}
+{{- $values := index $.Values $role }}
+{{- if $values.affinity }}
+{{- $missing = append $missing (printf "%s.affinity (no spec.%s.affinity)" $role $role) }}
+{{- end }}
+{{- if $values.extraEnv }}
+{{- $missing = append $missing (printf "%s.extraEnv (no spec.%s.env)" $role $role) }}
+{{- end }}
+{{- end }}
+{{- if $missing }}
+{{- fail (printf "not supported by this operator's SpeculativeDeployment (specsplit.dev/v1alpha1) yet, leave unset: %s" (join "; " $missing)) }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,88 @@
+"""The kernels the services call: the Triton version on a CUDA device when Triton imports, the torch reference
+everywhere else. SPECSPLIT_KERNELS=torch|triton forces one (read at each call, so tests can switch it).
+
+The Triton modules are imported on first use, not here: importing this module never compiles or decorates a kernel,
+so the services load the same way on machines with and without Triton.
+"""
+
+import functools
+import os
+
+import torch
+
+from specsplit.kernels.counter_rng import counter_uniform_torch
+from specsplit.kernels.kv_write import write_kv_torch
+from specsplit.kernels.paged_attention import paged_attention_torch
+from specsplit.kernels.rejection_sampling import rejection_sample_torch, sample_from_probs_torch
+
+ENV_VAR = "SPECSPLIT_KERNELS"
+
+
+@functools.cache
+def _triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def use_triton(tensor: torch.Tensor) -> bool:
+    """Whether a call on `tensor` goes to the Triton kernels."""
+    choice = os.environ.get(ENV_VAR, "auto")
+    if choice == "torch":
+        return False
+    if choice == "triton":
+        if not _triton_importable():
+            raise RuntimeError(f"{ENV_VAR}=triton but triton is not importable")
+        return True
+    if choice != "auto":
+        raise ValueError(f"{ENV_VAR} must be 'torch', 'triton' or unset, not {choice!r}")
+    return tensor.is_cuda and _triton_importable()
+
+
+def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
+                    max_query_len: int, max_seq_len: int) -> torch.Tensor:
+    if use_triton(query):
+        from specsplit.kernels.paged_attention_triton import paged_attention_triton
+
+        return paged_attention_triton(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
+                                      max_query_len, max_seq_len)
+    return paged_attention_torch(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
+                                 max_query_len, max_seq_len)
+
+
+def write_kv(key, value, key_cache, value_cache, slot_mapping) -> None:
+    if use_triton(key):
+        from specsplit.kernels.kv_write_triton import write_kv_triton
+
+        return write_kv_triton(key, value, key_cache, value_cache, slot_mapping)
+    return write_kv_torch(key, value, key_cache, value_cache, slot_mapping)
+
+
+def rejection_sample(target_probs, draft_token_ids, q_token_ids, q_probs, cu_num_draft, accept_uniforms,
+                     sample_uniforms, max_num_draft: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`max_num_draft` (the largest k in the batch, known on the host) spares the Triton path its one sync."""
+    if use_triton(target_probs):
+        from specsplit.kernels.rejection_sampling_triton import rejection_sample_triton
+
+        return rejection_sample_triton(target_probs, draft_token_ids, q_token_ids, q_probs, cu_num_draft,
+                                       accept_uniforms, sample_uniforms, max_num_draft=max_num_draft)
+    return rejection_sample_torch(target_probs, draft_token_ids, q_token_ids, q_probs, cu_num_draft,
+                                  accept_uniforms, sample_uniforms)
+
+
+def sample_from_probs(probs, uniforms) -> torch.Tensor:
+    if use_triton(probs):
+        from specsplit.kernels.rejection_sampling_triton import sample_from_probs_triton
+
+        return sample_from_probs_triton(probs, uniforms)
+    return sample_from_probs_torch(probs, uniforms)
+
+
+def counter_uniform(seeds, positions, stream: int) -> torch.Tensor:
+    if use_triton(seeds if torch.is_tensor(seeds) else positions):
+        from specsplit.kernels.counter_rng_triton import counter_uniform_triton
+
+        return counter_uniform_triton(seeds, positions, stream)
+    return counter_uniform_torch(seeds, positions, stream)

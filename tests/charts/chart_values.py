@@ -1,0 +1,52 @@
+"""Value sets the chart is rendered with: the defaults and the shapes users deploy on GPU clusters."""
+
+GPU = "nvidia.com/gpu"
+GPU_TOLERATION = {"key": GPU, "operator": "Exists", "effect": "NoSchedule"}
+
+
+def _pool(cpu: str, memory: str, gpus: int | None) -> dict:
+    """A role's resources the way users write them: nvidia.com/gpu in limits (and equal requests).
+    Helm merges maps with the defaults (one GPU), so no GPU is said with 0 or with null (Helm drops the key)."""
+    requests = {"cpu": cpu, "memory": memory, GPU: gpus}
+    limits = {"memory": memory, GPU: gpus}
+    return {"requests": requests, "limits": limits}
+
+
+VALUE_SETS: dict[str, dict] = {
+    "defaults": {},
+    # A cluster without GPUs: no GPU resources, no GPU taints to tolerate.
+    "cpu-only": {
+        "target": {"resources": _pool("4", "12Gi", 0), "tolerations": []},
+        "draft": {"resources": _pool("2", "6Gi", None), "tolerations": []},
+    },
+    # One GPU per pod, each pool pinned to its own GPU type.
+    "one-gpu-pools": {
+        "target": {"resources": _pool("8", "32Gi", 1), "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+                   "replicas": {"min": 2, "max": 8}},
+        "draft": {"resources": _pool("4", "16Gi", 1), "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-L4"},
+                  "tolerations": [GPU_TOLERATION, {"key": "pool", "operator": "Equal", "value": "draft",
+                                                   "effect": "NoSchedule"}]},
+    },
+    # The target sharded over two GPUs of one pod.
+    "tp2-target": {
+        "target": {"model": "/models/qwen2.5-coder-7b-instruct", "tensorParallelSize": 2,
+                   "resources": _pool("16", "64Gi", 2)},
+    },
+    "canary-on": {
+        "canary": {"enabled": True, "model": "qwen2.5-coder-1.5b-instruct", "weight": 5,
+                   "promotion": {"metric": "acceptanceRate", "maxWeight": 40}},
+    },
+    "monitoring-on": {
+        "monitoring": {"podMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+                       "serviceMonitor": {"enabled": True, "interval": "15s"}},
+    },
+    "network-policy-off": {"networkPolicy": {"enabled": False}},
+    # The operator confined to two namespaces: Roles there instead of a ClusterRole.
+    "watch-namespaces": {"operator": {"watchNamespaces": ["ml", "ml-staging"]}},
+    "shared-model-cache-and-otel": {
+        "modelCache": {"persistent": True, "size": "200Gi", "storageClass": "filestore"},
+        "otel": {"endpoint": "http://otel-collector.observability:4317"},
+        "image": {"tag": "0.1.0-cu130", "digest": "sha256:" + "ab" * 32},
+    },
+    "no-speculative-deployment": {"speculativeDeployment": {"enabled": False}},
+}

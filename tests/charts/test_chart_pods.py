@@ -1,0 +1,148 @@
+"""Every pod of a release, for every value set: the operator's (rendered by the chart) and the coordinator's
+and pools' (built by the operator's own code from the SpeculativeDeployment the chart renders).
+
+Safe by default: non-root, read-only root filesystem, no capabilities, no privilege escalation, seccomp.
+GPU-cluster ready: GPUs, placement, /dev/shm for tensor parallelism, the model cache, gRPC health probes.
+"""
+
+import kubernetes_validate
+import pytest
+from chart_render import KUBE_VERSION, of_kind, operator_objects, pod_templates, render, speculative_deployment
+from chart_values import GPU, VALUE_SETS
+
+WORKERS = ("coordinator", "target", "draft", "draft-canary")
+
+
+def _component(template: dict) -> str:
+    return template["metadata"]["labels"]["app.kubernetes.io/component"]
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_every_pod_is_locked_down(value_set):
+    pods = pod_templates(render(VALUE_SETS[value_set]))
+    assert pods
+    for name, template in pods.items():
+        pod = template["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        assert pod["securityContext"].get("runAsUser", 1) != 0, name
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC"), name
+        for container in pod["containers"] + pod.get("initContainers", []):
+            where = f"{name}/{container['name']}"
+            security = container["securityContext"]
+            assert security["allowPrivilegeEscalation"] is False, where
+            assert security["readOnlyRootFilesystem"] is True, where
+            assert security["capabilities"]["drop"] == ["ALL"], where
+            assert not security["capabilities"].get("add"), where
+            assert not security.get("privileged"), where
+            repository, _, tag = container["image"].split("@")[0].rpartition(":")
+            assert repository and tag and tag != "latest", where
+            # A read-only root needs somewhere to write: /tmp is an emptyDir in every pod.
+            assert any(m["mountPath"] == "/tmp" for m in container["volumeMounts"]), where
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_operator_built_deployments_are_valid_for_kubernetes(value_set):
+    manifests = render(VALUE_SETS[value_set])
+    if not of_kind(manifests, "SpeculativeDeployment"):
+        assert value_set == "no-speculative-deployment"
+        return
+    for obj in operator_objects(speculative_deployment(manifests)):
+        kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("value_set", [name for name in VALUE_SETS if name != "no-speculative-deployment"])
+def test_worker_pods_are_probed_over_grpc_health(value_set):
+    for name, template in pod_templates(render(VALUE_SETS[value_set])).items():
+        if _component(template) not in WORKERS:
+            continue
+        (container,) = template["spec"]["containers"]
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container[probe]["grpc"]["port"] == 50051, f"{name}: {probe}"
+        assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"grpc": 50051, "metrics": 9090}
+
+
+def _by_component(value_set: str) -> dict[str, dict]:
+    return {_component(t): t["spec"] for t in pod_templates(render(VALUE_SETS[value_set])).values()}
+
+
+def test_operator_pod_runs_kopf_with_a_liveness_endpoint():
+    operator = _by_component("defaults")["operator"]
+    (container,) = operator["containers"]
+    assert container["command"][:2] == ["kopf", "run"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert {"name": "health", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
+
+
+def test_default_pools_get_one_gpu_each_and_tolerate_gpu_taints():
+    pods = _by_component("defaults")
+    for role in ("target", "draft"):
+        resources = pods[role]["containers"][0]["resources"]
+        assert resources["limits"][GPU] == resources["requests"][GPU] == "1"
+        assert {"key": GPU, "operator": "Exists", "effect": "NoSchedule"} in pods[role]["tolerations"]
+    for role in ("coordinator", "operator"):
+        resources = pods[role]["containers"][0]["resources"]
+        assert GPU not in resources.get("limits", {}) and GPU not in resources.get("requests", {})
+
+
+def test_cpu_only_pools_ask_for_no_gpu():
+    for role, pod in _by_component("cpu-only").items():
+        resources = pod["containers"][0]["resources"]
+        assert GPU not in resources.get("limits", {}) and GPU not in resources.get("requests", {}), role
+        assert "tolerations" not in pod, role
+
+
+def test_one_gpu_pools_are_placed_by_their_own_node_selectors():
+    pods = _by_component("one-gpu-pools")
+    assert pods["target"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert pods["draft"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L4"}
+    assert {"key": "pool", "operator": "Equal", "value": "draft", "effect": "NoSchedule"} in pods["draft"]["tolerations"]
+    assert pods["target"]["containers"][0]["resources"]["limits"] == {"memory": "32Gi", GPU: "1"}
+
+
+def test_tensor_parallel_target_gets_its_gpus_and_shared_memory():
+    pods = _by_component("tp2-target")
+    target = pods["target"]
+    (container,) = target["containers"]
+    assert container["resources"]["limits"][GPU] == "2"
+    assert container["command"][-2:] == ["--tensor-parallel-size", "2"]
+    shm = {v["name"]: v for v in target["volumes"]}["dshm"]
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    # Only the sharded pool needs it.
+    assert all(v["name"] != "dshm" for v in pods["draft"]["volumes"])
+
+
+def test_canary_pool_runs_the_canary_model_with_the_draft_pools_placement():
+    pods = _by_component("canary-on")
+    canary, draft = pods["draft-canary"], pods["draft"]
+    assert canary["containers"][0]["command"][:4] == ["specsplit", "draft", "--model", "qwen2.5-coder-1.5b-instruct"]
+    assert canary["containers"][0]["resources"] == draft["containers"][0]["resources"]
+    assert canary["tolerations"] == draft["tolerations"]
+
+
+def test_model_cache_is_mounted_at_models_from_the_chart_claim_or_a_bounded_emptydir():
+    for role in ("target", "draft"):
+        default_volumes = {v["name"]: v for v in _by_component("defaults")[role]["volumes"]}
+        assert default_volumes["models"]["emptyDir"] == {"sizeLimit": "50Gi"}
+        shared_volumes = {v["name"]: v for v in _by_component("shared-model-cache-and-otel")[role]["volumes"]}
+        assert shared_volumes["models"]["persistentVolumeClaim"] == {"claimName": "coder-specsplit-models"}
+    (claim,) = of_kind(render(VALUE_SETS["shared-model-cache-and-otel"]), "PersistentVolumeClaim")
+    assert claim["metadata"]["name"] == "coder-specsplit-models"
+    assert claim["spec"]["resources"]["requests"]["storage"] == "200Gi"
+    assert claim["spec"]["storageClassName"] == "filestore"
+
+
+def test_otlp_endpoint_and_pinned_image_reach_every_pod():
+    endpoint = VALUE_SETS["shared-model-cache-and-otel"]["otel"]["endpoint"]
+    digest = VALUE_SETS["shared-model-cache-and-otel"]["image"]["digest"]
+    for role, pod in _by_component("shared-model-cache-and-otel").items():
+        (container,) = pod["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == endpoint, role
+        assert container["image"] == f"ghcr.io/specsplit/specsplit:0.1.0-cu130@{digest}", role
+
+
+def test_image_tag_defaults_to_the_chart_app_version():
+    images = {pod["containers"][0]["image"] for pod in _by_component("defaults").values()}
+    assert images == {"ghcr.io/specsplit/specsplit:0.1.0"}
