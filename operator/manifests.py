@@ -1,0 +1,247 @@
+"""Pure builders: (owner, validated spec, rollout plan) -> the Kubernetes objects of one SpeculativeDeployment.
+
+No API calls here: the same inputs always give the same dicts, so the handlers can compare them with what
+is in the cluster and the tests can check them without one. Pod commands follow the services' CLI contract.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from specsplit.operator import naming
+from specsplit.operator.spec import DeploymentSpec, Resources, RoleSpec
+
+GPU_RESOURCE = "nvidia.com/gpu"
+RUN_AS_USER = 65532  # the conventional "nonroot" uid of distroless images; any non-zero uid would do
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutPlan:
+    """What the objects must express now: the operator's own decisions layered over the spec."""
+    target_replicas: int
+    draft_replicas: int
+    draft_model: str  # the spec's model, or a canary model promoted over it
+    canary_model: str | None = None  # a canary Deployment exists only while this is set
+    canary_weight: int = 0  # percent of requests routed to the canary draft
+
+
+def build_objects(owner: Mapping[str, Any], spec: DeploymentSpec, plan: RolloutPlan) -> list[dict[str, Any]]:
+    """Every object the resource needs, owned by it, in the order they should be created."""
+    instance = owner["metadata"]["name"]
+    objects = [
+        variants_config_map(instance, spec, plan),
+        coordinator_service(instance, spec),
+        worker_service(instance, naming.TARGET),
+        worker_service(instance, naming.DRAFT),
+        coordinator_deployment(instance, spec),
+        worker_deployment(instance, spec, naming.TARGET, spec.target, spec.target.model, plan.target_replicas),
+        worker_deployment(instance, spec, naming.DRAFT, spec.draft, plan.draft_model, plan.draft_replicas),
+    ]
+    if plan.canary_model is not None and spec.canary is not None:
+        objects += [
+            worker_service(instance, naming.DRAFT_CANARY),
+            worker_deployment(instance, spec, naming.DRAFT_CANARY, spec.draft, plan.canary_model,
+                              spec.canary.replicas),
+        ]
+    kopf.adopt(objects, owner=dict(owner))
+    return objects
+
+
+def draft_variants(instance: str, plan: RolloutPlan) -> dict[str, Any]:
+    """The coordinator's draft-variants file: the stable draft pool and, during a rollout, the canary pool."""
+    stable = {"name": naming.STABLE_VARIANT, "weight": 100 - plan.canary_weight,
+              "addresses": [f"{naming.component_name(instance, naming.DRAFT)}:{naming.GRPC_PORT}"]}
+    variants = [stable]
+    if plan.canary_model is not None and plan.canary_weight > 0:
+        variants.append({"name": naming.CANARY_VARIANT, "weight": plan.canary_weight,
+                         "addresses": [f"{naming.component_name(instance, naming.DRAFT_CANARY)}:{naming.GRPC_PORT}"]})
+    return {"variants": variants}
+
+
+def variants_config_map(instance: str, spec: DeploymentSpec, plan: RolloutPlan) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": naming.config_map_name(instance), "labels": naming.labels(instance, naming.COORDINATOR)},
+        "data": {naming.VARIANTS_KEY: json.dumps(draft_variants(instance, plan), indent=2) + "\n"},
+    }
+
+
+def coordinator_service(instance: str, spec: DeploymentSpec) -> dict[str, Any]:
+    """The public entry point: clients speak gRPC to `NAME:port`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": naming.coordinator_service_name(instance),
+                     "labels": naming.labels(instance, naming.COORDINATOR)},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": naming.selector(instance, naming.COORDINATOR),
+            "ports": [
+                {"name": "grpc", "port": spec.coordinator.port, "targetPort": "grpc", "protocol": "TCP",
+                 "appProtocol": "grpc"},
+                {"name": "metrics", "port": naming.METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def worker_service(instance: str, component: str) -> dict[str, Any]:
+    """Headless, so `NAME-component` resolves to every ready pod and the coordinator sees each replica."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": naming.component_name(instance, component),
+                     "labels": naming.labels(instance, component)},
+        "spec": {
+            "clusterIP": "None",
+            "selector": naming.selector(instance, component),
+            "ports": [
+                {"name": "grpc", "port": naming.GRPC_PORT, "targetPort": "grpc", "protocol": "TCP",
+                 "appProtocol": "grpc"},
+                {"name": "metrics", "port": naming.METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def coordinator_command(instance: str, spec: DeploymentSpec) -> list[str]:
+    return [
+        "specsplit", "coordinator",
+        "--target", f"{naming.component_name(instance, naming.TARGET)}:{naming.GRPC_PORT}",
+        "--draft-variants-file", f"{naming.CONFIG_DIR}/{naming.VARIANTS_KEY}",
+        "--port", str(naming.GRPC_PORT),
+        "--metrics-port", str(naming.METRICS_PORT),
+        "--num-speculative-tokens", str(spec.num_speculative_tokens),
+    ]
+
+
+def worker_command(role: str, model: str, tensor_parallel_size: int) -> list[str]:
+    command = ["specsplit", role, "--model", model,
+               "--port", str(naming.GRPC_PORT), "--metrics-port", str(naming.METRICS_PORT)]
+    if role == naming.TARGET and tensor_parallel_size > 1:
+        command += ["--tensor-parallel-size", str(tensor_parallel_size)]
+    return command
+
+
+def coordinator_deployment(instance: str, spec: DeploymentSpec) -> dict[str, Any]:
+    volumes = [{"name": "config", "configMap": {"name": naming.config_map_name(instance)}}]
+    mounts = [{"name": "config", "mountPath": naming.CONFIG_DIR, "readOnly": True}]
+    return _deployment(instance, spec, naming.COORDINATOR, replicas=spec.coordinator.replicas,
+                       command=coordinator_command(instance, spec), resources=spec.coordinator.resources,
+                       extra_volumes=volumes, extra_mounts=mounts)
+
+
+def worker_deployment(instance: str, spec: DeploymentSpec, component: str, role: RoleSpec, model: str,
+                      replicas: int) -> dict[str, Any]:
+    """A target, draft or draft-canary pool; the canary runs the draft command with another model."""
+    command_role = naming.TARGET if component == naming.TARGET else naming.DRAFT
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    if role.tensor_parallel_size > 1:
+        # NCCL between the shards of one pod needs more shared memory than the container default (64 MiB).
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    return _deployment(instance, spec, component, replicas=replicas,
+                       command=worker_command(command_role, model, role.tensor_parallel_size),
+                       resources=role.resources, extra_volumes=volumes, extra_mounts=mounts,
+                       node_selector=role.node_selector, tolerations=role.tolerations)
+
+
+def _resource_requirements(resources: Resources) -> dict[str, Any]:
+    requests, limits = dict(resources.requests), dict(resources.limits)
+    if resources.gpus:
+        # Extended resources must be requested and limited alike.
+        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(resources.gpus)
+    return {key: value for key, value in (("requests", requests), ("limits", limits)) if value}
+
+
+def _model_cache_volume(spec: DeploymentSpec) -> dict[str, Any]:
+    if spec.model_cache_claim:
+        return {"name": "models", "persistentVolumeClaim": {"claimName": spec.model_cache_claim}}
+    empty_dir = {"sizeLimit": spec.model_cache_size_limit} if spec.model_cache_size_limit else {}
+    return {"name": "models", "emptyDir": empty_dir}
+
+
+def _environment(component: str, spec: DeploymentSpec) -> list[dict[str, Any]]:
+    env = [
+        {"name": "SPECSPLIT_CACHE", "value": naming.MODEL_CACHE_DIR},
+        {"name": "HOME", "value": "/tmp"},  # libraries that cache under ~ must find a writable home
+        {"name": "OTEL_SERVICE_NAME", "value": f"specsplit-{component}"},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "OTEL_RESOURCE_ATTRIBUTES", "value": "k8s.pod.name=$(POD_NAME)"},
+    ]
+    if spec.otlp_endpoint:
+        env.append({"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": spec.otlp_endpoint})
+    return env
+
+
+def _deployment(instance: str, spec: DeploymentSpec, component: str, *, replicas: int, command: list[str],
+                resources: Resources, extra_volumes: list[dict[str, Any]], extra_mounts: list[dict[str, Any]],
+                node_selector: Mapping[str, str] | None = None,
+                tolerations: tuple[Mapping[str, Any], ...] = ()) -> dict[str, Any]:
+    grpc_probe = {"grpc": {"port": naming.GRPC_PORT}}
+    container: dict[str, Any] = {
+        "name": component,
+        "image": spec.image,
+        "command": command,
+        "ports": [
+            {"name": "grpc", "containerPort": naming.GRPC_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": naming.METRICS_PORT, "protocol": "TCP"},
+        ],
+        "env": _environment(component, spec),
+        "resources": _resource_requirements(resources),
+        # Loading a model can take minutes; the startup probe holds liveness off until the server is up.
+        "startupProbe": {**grpc_probe, "periodSeconds": 10, "failureThreshold": 60},
+        "readinessProbe": {**grpc_probe, "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {**grpc_probe, "periodSeconds": 10, "failureThreshold": 6},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": [
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "models", "mountPath": naming.MODEL_CACHE_DIR},
+            *extra_mounts,
+        ],
+    }
+    if spec.image_pull_policy:
+        container["imagePullPolicy"] = spec.image_pull_policy
+    pod_spec: dict[str, Any] = {
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "automountServiceAccountToken": False,  # the services never call the Kubernetes API
+        "containers": [container],
+        "volumes": [{"name": "tmp", "emptyDir": {}}, _model_cache_volume(spec), *extra_volumes],
+    }
+    if node_selector:
+        pod_spec["nodeSelector"] = dict(node_selector)
+    if tolerations:
+        pod_spec["tolerations"] = [dict(toleration) for toleration in tolerations]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": naming.component_name(instance, component), "labels": naming.labels(instance, component)},
+        "spec": {
+            "replicas": replicas,
+            "revisionHistoryLimit": 3,
+            "selector": {"matchLabels": naming.selector(instance, component)},
+            "template": {
+                "metadata": {"labels": naming.labels(instance, component)},
+                "spec": pod_spec,
+            },
+        },
+    }

@@ -1,0 +1,332 @@
+"""SpeculativeDeployment spec: validation and defaults, as a pure function from the raw spec to typed values.
+
+The CRD's structural schema already rejects wrong types and out-of-range numbers at the API server; this
+module repeats those checks (the operator must not trust that every cluster validates the same way), adds
+the rules a schema cannot say well (min <= max, canary weight within its maximum, GPUs cover the
+tensor-parallel shards) and fills the same defaults as the CRD, so the handlers work on complete values.
+Every error names the field it is about, so the status condition tells the user what to fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from typing import Any
+
+TARGET_METRICS = ("kvUtilization", "verifyQueueDepth")
+DRAFT_METRICS = ("proposeQueueDepth", "proposeLatencySeconds")
+PROMOTION_METRICS = ("tokensPerSecond", "acceptanceRate")
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+
+# Every owned Service is named NAME-component; a Service name is a DNS-1035 label of at most 63 characters,
+# and the longest suffix is "-draft-canary".
+MAX_NAME_LENGTH = 63 - len("-draft-canary")
+DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+DEFAULT_K = 4
+DEFAULT_TARGET_METRICS = {"kvUtilization": 0.8, "verifyQueueDepth": 4.0}
+DEFAULT_DRAFT_METRICS = {"proposeQueueDepth": 4.0}
+
+
+class InvalidSpecError(ValueError):
+    """The spec cannot be turned into objects; `errors` lists every problem found, each naming its field."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("; ".join(errors))
+        self.errors = errors
+
+
+@dataclasses.dataclass(frozen=True)
+class Replicas:
+    min: int
+    max: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Resources:
+    requests: Mapping[str, str]
+    limits: Mapping[str, str]
+    gpus: int  # becomes nvidia.com/gpu in both requests and limits
+
+
+@dataclasses.dataclass(frozen=True)
+class RoleSpec:
+    model: str
+    replicas: Replicas
+    resources: Resources
+    tensor_parallel_size: int
+    node_selector: Mapping[str, str]
+    tolerations: tuple[Mapping[str, Any], ...]
+    metric_targets: Mapping[str, float]  # autoscaling targets, keyed by the CRD's metric names
+
+
+@dataclasses.dataclass(frozen=True)
+class CoordinatorSpec:
+    replicas: int
+    resources: Resources
+    port: int  # port of the public Service; the container always listens on 50051
+
+
+@dataclasses.dataclass(frozen=True)
+class PromotionPolicy:
+    metric: str
+    confidence: float
+    min_requests: int
+    step_percent: int
+    max_weight: int
+    interval_seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class CanarySpec:
+    model: str
+    weight: int
+    replicas: int
+    promotion: PromotionPolicy
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoscalingSpec:
+    scale_down_window_seconds: float
+    scale_up_window_seconds: float
+    scale_down_cooldown_seconds: float
+    max_step: int
+    interval_seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class DeploymentSpec:
+    image: str
+    image_pull_policy: str | None
+    num_speculative_tokens: int
+    target: RoleSpec
+    draft: RoleSpec
+    coordinator: CoordinatorSpec
+    canary: CanarySpec | None
+    autoscaling: AutoscalingSpec
+    model_cache_claim: str | None
+    model_cache_size_limit: str | None
+    otlp_endpoint: str | None
+
+
+_REQUIRED = object()
+
+
+class _Fields:
+    """Reads one object of the raw spec, collecting errors instead of stopping at the first."""
+
+    def __init__(self, raw: Any, path: str, errors: list[str]) -> None:
+        self.path, self.errors = path, errors
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, Mapping):
+            errors.append(f"{path}: must be an object")
+            raw = {}
+        self.raw = raw
+
+    def _get(self, key: str, default: Any) -> Any:
+        if key in self.raw and self.raw[key] is not None:
+            return self.raw[key]
+        if default is _REQUIRED:
+            self.errors.append(f"{self.path}.{key}: required")
+        return default
+
+    def string(self, key: str, default: Any = _REQUIRED, choices: tuple[str, ...] = ()) -> Any:
+        value = self._get(key, default)
+        if value is default:
+            return value
+        if not isinstance(value, str) or not value.strip():
+            self.errors.append(f"{self.path}.{key}: must be a non-empty string")
+            return default if default is not _REQUIRED else ""
+        if choices and value not in choices:
+            self.errors.append(f"{self.path}.{key}: {value!r} is not one of {', '.join(choices)}")
+        return value
+
+    def integer(self, key: str, default: Any = _REQUIRED, low: int | None = None, high: int | None = None) -> Any:
+        value = self._get(key, default)
+        if value is default:
+            return value
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.errors.append(f"{self.path}.{key}: must be an integer")
+            return default if default is not _REQUIRED else 0
+        self._range(key, value, low, high)
+        return value
+
+    def number(self, key: str, default: Any = _REQUIRED, low: float | None = None, high: float | None = None,
+               exclusive_low: bool = False) -> Any:
+        value = self._get(key, default)
+        if value is default:
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.errors.append(f"{self.path}.{key}: must be a number")
+            return default if default is not _REQUIRED else 0.0
+        if exclusive_low and low is not None and value <= low:
+            self.errors.append(f"{self.path}.{key}: must be greater than {low}, got {value}")
+        else:
+            self._range(key, value, None if exclusive_low else low, high)
+        return float(value)
+
+    def _range(self, key: str, value: float, low: float | None, high: float | None) -> None:
+        if low is not None and value < low:
+            self.errors.append(f"{self.path}.{key}: must be at least {low}, got {value}")
+        if high is not None and value > high:
+            self.errors.append(f"{self.path}.{key}: must be at most {high}, got {value}")
+
+    def string_map(self, key: str) -> dict[str, str]:
+        value = self._get(key, {})
+        if not isinstance(value, Mapping) or not all(isinstance(v, str) for v in value.values()):
+            self.errors.append(f"{self.path}.{key}: must be a map of strings")
+            return {}
+        return dict(value)
+
+    def quantity_map(self, key: str) -> dict[str, str]:
+        value = self._get(key, {})
+        if not isinstance(value, Mapping) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool)
+                                                     for v in value.values()):
+            self.errors.append(f"{self.path}.{key}: must be a map of resource quantities")
+            return {}
+        return {name: str(quantity) for name, quantity in value.items()}
+
+    def object_list(self, key: str) -> tuple[Mapping[str, Any], ...]:
+        value = self._get(key, [])
+        if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
+            self.errors.append(f"{self.path}.{key}: must be a list of objects")
+            return ()
+        return tuple(dict(item) for item in value)
+
+    def child(self, key: str) -> _Fields:
+        return _Fields(self.raw.get(key), f"{self.path}.{key}", self.errors)
+
+    def has(self, key: str) -> bool:
+        return self.raw.get(key) is not None
+
+    def only(self, *known: str) -> None:
+        for key in self.raw:
+            if key not in known:
+                self.errors.append(f"{self.path}.{key}: unknown field (known: {', '.join(known)})")
+
+
+def _resources(fields: _Fields, default_gpus: int, allow_gpus: bool = True) -> Resources:
+    fields.only("requests", "limits", *(["gpus"] if allow_gpus else []))
+    gpus = fields.integer("gpus", default_gpus, low=0, high=16) if allow_gpus else 0
+    requests, limits = fields.quantity_map("requests"), fields.quantity_map("limits")
+    for name, quantities in (("requests", requests), ("limits", limits)):
+        if "nvidia.com/gpu" in quantities:
+            fields.errors.append(f"{fields.path}.{name}: set GPUs with {fields.path}.gpus, not nvidia.com/gpu")
+    return Resources(requests=requests, limits=limits, gpus=gpus)
+
+
+def _role(fields: _Fields, role: str, metrics: tuple[str, ...], default_targets: Mapping[str, float]) -> RoleSpec:
+    fields.only("model", "replicas", "resources", "tensorParallelSize", "nodeSelector", "tolerations", "autoscaling")
+    model = fields.string("model")
+    replicas_fields = fields.child("replicas")
+    replicas_fields.only("min", "max")
+    fewest = replicas_fields.integer("min", 1, low=1, high=1000)
+    most = replicas_fields.integer("max", fewest, low=1, high=1000)
+    if fewest > most:
+        fields.errors.append(f"{fields.path}.replicas: min ({fewest}) must not exceed max ({most})")
+    tp = fields.integer("tensorParallelSize", 1, low=1, high=16)
+    if role == "draft" and tp != 1:
+        fields.errors.append(f"{fields.path}.tensorParallelSize: the draft service runs on one device; must be 1")
+    resources = _resources(fields.child("resources"), default_gpus=tp)
+    if resources.gpus == 0 and tp > 1:
+        fields.errors.append(f"{fields.path}.resources.gpus: tensor parallelism needs one GPU per shard; "
+                             f"set gpus >= {tp} or tensorParallelSize: 1")
+    elif 0 < resources.gpus < tp:
+        fields.errors.append(f"{fields.path}.resources.gpus: {resources.gpus} GPUs cannot hold {tp} shards")
+    # Like the API server's structural defaulting: every metric with a default is on unless set otherwise.
+    scaling = fields.child("autoscaling")
+    scaling.only(*metrics)
+    targets: dict[str, float] = {}
+    for metric in metrics:
+        ceiling = 1.0 if metric == "kvUtilization" else None
+        value = scaling.number(metric, default_targets.get(metric), low=0.0, high=ceiling, exclusive_low=True)
+        if value is not None:
+            targets[metric] = value
+    return RoleSpec(
+        model=model,
+        replicas=Replicas(min=fewest, max=most),
+        resources=resources,
+        tensor_parallel_size=tp,
+        node_selector=fields.string_map("nodeSelector"),
+        tolerations=fields.object_list("tolerations"),
+        metric_targets=targets,
+    )
+
+
+def _canary(fields: _Fields) -> CanarySpec:
+    fields.only("model", "weight", "replicas", "promotion")
+    model = fields.string("model")
+    weight = fields.integer("weight", 10, low=1, high=100)
+    promotion_fields = fields.child("promotion")
+    promotion_fields.only("metric", "confidence", "minRequests", "stepPercent", "maxWeight", "intervalSeconds")
+    promotion = PromotionPolicy(
+        metric=promotion_fields.string("metric", "tokensPerSecond", choices=PROMOTION_METRICS),
+        confidence=promotion_fields.number("confidence", 0.95, low=0.5, high=0.9999, exclusive_low=True),
+        min_requests=promotion_fields.integer("minRequests", 200, low=1),
+        step_percent=promotion_fields.integer("stepPercent", 10, low=1, high=100),
+        max_weight=promotion_fields.integer("maxWeight", 50, low=1, high=100),
+        interval_seconds=promotion_fields.number("intervalSeconds", 60.0, low=1.0),
+    )
+    if weight > promotion.max_weight:
+        fields.errors.append(f"{fields.path}.weight: {weight} exceeds promotion.maxWeight ({promotion.max_weight})")
+    return CanarySpec(model=model, weight=weight, replicas=fields.integer("replicas", 1, low=1, high=100),
+                      promotion=promotion)
+
+
+def parse_spec(raw: Mapping[str, Any] | None, name: str | None = None) -> DeploymentSpec:
+    """Validate a SpeculativeDeployment spec (and its name, if given) and fill its defaults;
+    raise InvalidSpecError listing every problem."""
+    errors: list[str] = []
+    if name is not None and (len(name) > MAX_NAME_LENGTH or not DNS_1035_LABEL.match(name)):
+        errors.append(f"metadata.name: {name!r} must be a lowercase DNS label of at most {MAX_NAME_LENGTH} "
+                      f"characters starting with a letter, to name the Services NAME-target, NAME-draft-canary, ...")
+    top = _Fields(raw, "spec", errors)
+    top.only("image", "imagePullPolicy", "numSpeculativeTokens", "target", "draft", "coordinator", "canary",
+             "autoscaling", "modelCache", "telemetry")
+    image = top.string("image")
+    pull_policy = top.string("imagePullPolicy", None, choices=PULL_POLICIES)
+    k = top.integer("numSpeculativeTokens", DEFAULT_K, low=0, high=16)
+    target = _role(top.child("target"), "target", TARGET_METRICS, DEFAULT_TARGET_METRICS)
+    draft = _role(top.child("draft"), "draft", DRAFT_METRICS, DEFAULT_DRAFT_METRICS)
+
+    coordinator_fields = top.child("coordinator")
+    coordinator_fields.only("replicas", "resources", "port")
+    coordinator = CoordinatorSpec(
+        replicas=coordinator_fields.integer("replicas", 1, low=1, high=100),
+        resources=_resources(coordinator_fields.child("resources"), default_gpus=0, allow_gpus=False),
+        port=coordinator_fields.integer("port", 50051, low=1, high=65535),
+    )
+    canary = _canary(top.child("canary")) if top.has("canary") else None
+
+    scaling = top.child("autoscaling")
+    scaling.only("stabilizationWindowSeconds", "scaleUpStabilizationWindowSeconds", "scaleDownCooldownSeconds",
+                 "maxStep", "intervalSeconds")
+    autoscaling = AutoscalingSpec(
+        scale_down_window_seconds=scaling.number("stabilizationWindowSeconds", 300.0, low=0.0, high=3600.0),
+        scale_up_window_seconds=scaling.number("scaleUpStabilizationWindowSeconds", 0.0, low=0.0, high=3600.0),
+        scale_down_cooldown_seconds=scaling.number("scaleDownCooldownSeconds", 120.0, low=0.0, high=3600.0),
+        max_step=scaling.integer("maxStep", 2, low=1, high=100),
+        interval_seconds=scaling.number("intervalSeconds", 30.0, low=1.0, high=3600.0),
+    )
+    cache = top.child("modelCache")
+    cache.only("claimName", "sizeLimit")
+    telemetry = top.child("telemetry")
+    telemetry.only("otlpEndpoint")
+    spec = DeploymentSpec(
+        image=image,
+        image_pull_policy=pull_policy,
+        num_speculative_tokens=k,
+        target=target,
+        draft=draft,
+        coordinator=coordinator,
+        canary=canary,
+        autoscaling=autoscaling,
+        model_cache_claim=cache.string("claimName", None),
+        model_cache_size_limit=cache.string("sizeLimit", None),
+        otlp_endpoint=telemetry.string("otlpEndpoint", None),
+    )
+    if errors:
+        raise InvalidSpecError(errors)
+    return spec

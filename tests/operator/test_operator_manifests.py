@@ -1,0 +1,181 @@
+"""Manifest builders, without any API: names, ownership, pod commands, probes, security, GPUs, variants file."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from specsplit.operator import naming
+from specsplit.operator.manifests import RolloutPlan, build_objects
+from specsplit.operator.spec import parse_spec
+
+OWNER = {"apiVersion": naming.API_VERSION, "kind": naming.KIND,
+         "metadata": {"name": "coder", "namespace": "ml", "uid": "0b1c-uid", "labels": {"team": "ml-serving"}}}
+SPEC = parse_spec({
+    "image": "registry.example/specsplit:0.1.0",
+    "imagePullPolicy": "IfNotPresent",
+    "numSpeculativeTokens": 6,
+    "target": {"model": "qwen2.5-coder-7b-instruct", "replicas": {"min": 2, "max": 6}, "tensorParallelSize": 2,
+               "resources": {"requests": {"cpu": "8", "memory": "48Gi"}},
+               "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+               "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+    "draft": {"model": "qwen2.5-coder-0.5b-instruct", "replicas": {"min": 1, "max": 3}},
+    "coordinator": {"replicas": 2, "port": 8443, "resources": {"requests": {"cpu": "1"}}},
+    "canary": {"model": "draft-v2", "weight": 20},
+    "telemetry": {"otlpEndpoint": "http://otel-collector.observability:4317"},
+})
+PLAN = RolloutPlan(target_replicas=3, draft_replicas=2, draft_model="qwen2.5-coder-0.5b-instruct",
+                   canary_model="draft-v2", canary_weight=20)
+
+
+def objects(plan: RolloutPlan = PLAN) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(obj["kind"], obj["metadata"]["name"]): obj for obj in build_objects(OWNER, SPEC, plan)}
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    [only] = deployment["spec"]["template"]["spec"]["containers"]
+    return only
+
+
+def test_every_object_is_named_labelled_and_owned() -> None:
+    built = objects()
+    assert set(built) == {
+        ("ConfigMap", "coder-coordinator"), ("Service", "coder"), ("Service", "coder-target"),
+        ("Service", "coder-draft"), ("Service", "coder-draft-canary"), ("Deployment", "coder-coordinator"),
+        ("Deployment", "coder-target"), ("Deployment", "coder-draft"), ("Deployment", "coder-draft-canary")}
+    for obj in built.values():
+        meta = obj["metadata"]
+        assert meta["namespace"] == "ml"
+        assert meta["ownerReferences"] == [{"apiVersion": naming.API_VERSION, "kind": naming.KIND, "name": "coder",
+                                            "uid": "0b1c-uid", "controller": True, "blockOwnerDeletion": True}]
+        assert meta["labels"]["app.kubernetes.io/name"] == "specsplit"
+        assert meta["labels"]["app.kubernetes.io/instance"] == "coder"
+        assert meta["labels"]["team"] == "ml-serving"  # the owner's labels are carried over
+    assert built[("Deployment", "coder-draft-canary")]["metadata"]["labels"]["app.kubernetes.io/component"] \
+        == "draft-canary"
+
+
+def test_objects_are_valid_kubernetes() -> None:
+    for obj in build_objects(OWNER, SPEC, PLAN):
+        kubernetes_validate.validate(obj, "1.30.0", strict=True)
+
+
+def test_pod_commands_follow_the_cli_contract() -> None:
+    built = objects()
+    assert container(built[("Deployment", "coder-target")])["command"] == [
+        "specsplit", "target", "--model", "qwen2.5-coder-7b-instruct", "--port", "50051", "--metrics-port", "9090",
+        "--tensor-parallel-size", "2"]
+    assert container(built[("Deployment", "coder-draft")])["command"] == [
+        "specsplit", "draft", "--model", "qwen2.5-coder-0.5b-instruct", "--port", "50051", "--metrics-port", "9090"]
+    assert container(built[("Deployment", "coder-draft-canary")])["command"] == [
+        "specsplit", "draft", "--model", "draft-v2", "--port", "50051", "--metrics-port", "9090"]
+    assert container(built[("Deployment", "coder-coordinator")])["command"] == [
+        "specsplit", "coordinator", "--target", "coder-target:50051",
+        "--draft-variants-file", "/etc/specsplit/draft-variants.json",
+        "--port", "50051", "--metrics-port", "9090", "--num-speculative-tokens", "6"]
+
+
+def test_replicas_come_from_the_plan_and_the_spec() -> None:
+    built = objects()
+    assert built[("Deployment", "coder-target")]["spec"]["replicas"] == 3
+    assert built[("Deployment", "coder-draft")]["spec"]["replicas"] == 2
+    assert built[("Deployment", "coder-draft-canary")]["spec"]["replicas"] == 1
+    assert built[("Deployment", "coder-coordinator")]["spec"]["replicas"] == 2
+
+
+def test_services_expose_the_coordinator_and_resolve_every_worker_pod() -> None:
+    built = objects()
+    public = built[("Service", "coder")]["spec"]
+    assert public["type"] == "ClusterIP"
+    assert public["selector"] == naming.selector("coder", "coordinator")
+    assert {p["name"]: (p["port"], p["targetPort"]) for p in public["ports"]} == {
+        "grpc": (8443, "grpc"), "metrics": (9090, "metrics")}
+    for component in ("target", "draft", "draft-canary"):
+        headless = built[("Service", f"coder-{component}")]["spec"]
+        assert headless["clusterIP"] == "None"
+        assert headless["selector"] == naming.selector("coder", component)
+        assert {p["name"]: p["port"] for p in headless["ports"]} == {"grpc": 50051, "metrics": 9090}
+    deployment = built[("Deployment", "coder-target")]
+    assert deployment["spec"]["selector"]["matchLabels"] == naming.selector("coder", "target")
+    assert naming.selector("coder", "target").items() <= \
+        deployment["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_variants_file_routes_the_canary_weight() -> None:
+    variants = json.loads(objects()[("ConfigMap", "coder-coordinator")]["data"]["draft-variants.json"])
+    assert variants == {"variants": [
+        {"name": "stable", "weight": 80, "addresses": ["coder-draft:50051"]},
+        {"name": "canary", "weight": 20, "addresses": ["coder-draft-canary:50051"]}]}
+    no_canary = RolloutPlan(target_replicas=3, draft_replicas=2, draft_model="draft-v2")
+    built = objects(no_canary)
+    assert ("Deployment", "coder-draft-canary") not in built and ("Service", "coder-draft-canary") not in built
+    assert json.loads(built[("ConfigMap", "coder-coordinator")]["data"]["draft-variants.json"]) == {
+        "variants": [{"name": "stable", "weight": 100, "addresses": ["coder-draft:50051"]}]}
+    assert container(built[("Deployment", "coder-draft")])["command"][3] == "draft-v2"  # a promoted model
+
+
+def test_coordinator_mounts_the_variants_file() -> None:
+    deployment = objects()[("Deployment", "coder-coordinator")]
+    pod = deployment["spec"]["template"]["spec"]
+    assert {"name": "config", "configMap": {"name": "coder-coordinator"}} in pod["volumes"]
+    assert {"name": "config", "mountPath": "/etc/specsplit", "readOnly": True} in container(deployment)["volumeMounts"]
+
+
+@pytest.mark.parametrize("component", ["coordinator", "target", "draft", "draft-canary"])
+def test_pods_are_locked_down_probed_and_cache_models(component: str) -> None:
+    deployment = objects()[("Deployment", f"coder-{component}")]
+    pod = deployment["spec"]["template"]["spec"]
+    main = container(deployment)
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["automountServiceAccountToken"] is False
+    assert main["securityContext"] == {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
+                                       "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]},
+                                       "seccompProfile": {"type": "RuntimeDefault"}}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert main[probe]["grpc"] == {"port": 50051}
+    assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in main["ports"]
+    mounts = {mount["mountPath"]: mount["name"] for mount in main["volumeMounts"]}
+    assert mounts["/tmp"] == "tmp" and mounts["/models"] == "models"
+    env = {item["name"]: item.get("value") for item in main["env"]}
+    assert env["SPECSPLIT_CACHE"] == "/models"
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector.observability:4317"
+    assert env["OTEL_SERVICE_NAME"] == f"specsplit-{component}"
+    assert main["image"] == "registry.example/specsplit:0.1.0" and main["imagePullPolicy"] == "IfNotPresent"
+
+
+def test_gpus_shared_memory_and_placement_follow_each_role() -> None:
+    built = objects()
+    target = built[("Deployment", "coder-target")]
+    target_pod = target["spec"]["template"]["spec"]
+    assert container(target)["resources"] == {
+        "requests": {"cpu": "8", "memory": "48Gi", "nvidia.com/gpu": "2"}, "limits": {"nvidia.com/gpu": "2"}}
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in target_pod["volumes"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container(target)["volumeMounts"]
+    assert target_pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert target_pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+    draft = built[("Deployment", "coder-draft")]
+    assert container(draft)["resources"] == {"requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}
+    assert all(volume["name"] != "dshm" for volume in draft["spec"]["template"]["spec"]["volumes"])
+    assert "nodeSelector" not in draft["spec"]["template"]["spec"]
+    coordinator = built[("Deployment", "coder-coordinator")]
+    assert container(coordinator)["resources"] == {"requests": {"cpu": "1"}}
+
+
+def test_model_cache_can_be_a_shared_claim() -> None:
+    spec = parse_spec({"image": "i", "target": {"model": "t"}, "draft": {"model": "d"},
+                       "modelCache": {"claimName": "model-store"}})
+    plan = RolloutPlan(target_replicas=1, draft_replicas=1, draft_model="d")
+    deployment = next(obj for obj in build_objects(OWNER, spec, plan)
+                      if obj["kind"] == "Deployment" and obj["metadata"]["name"] == "coder-target")
+    volumes = {volume["name"]: volume for volume in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["models"] == {"name": "models", "persistentVolumeClaim": {"claimName": "model-store"}}
+
+
+def test_builders_are_pure() -> None:
+    assert build_objects(OWNER, SPEC, PLAN) == build_objects(OWNER, SPEC, PLAN)
+    assert "ownerReferences" not in OWNER["metadata"]  # the owner is not touched

@@ -1,0 +1,184 @@
+"""Spec validation and defaults (pure), and the CRD's schema agreeing with them."""
+
+from __future__ import annotations
+
+import copy
+import pathlib
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from specsplit.operator import naming
+from specsplit.operator.spec import InvalidSpecError, parse_spec
+
+CRD_PATH = pathlib.Path(__file__).resolve().parents[2] / "operator" / "crd" / "speculativedeployment.yaml"
+MINIMAL = {"image": "registry.example/specsplit:0.1.0", "target": {"model": "big"}, "draft": {"model": "small"}}
+
+
+def errors_of(spec: dict[str, Any], name: str | None = None) -> list[str]:
+    with pytest.raises(InvalidSpecError) as caught:
+        parse_spec(spec, name)
+    return caught.value.errors
+
+
+def crd() -> dict[str, Any]:
+    return yaml.safe_load(CRD_PATH.read_text())
+
+
+def schema() -> dict[str, Any]:
+    return crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def with_schema_defaults(node: dict[str, Any], value: Any) -> Any:
+    """Apply the schema's `default`s the way the API server's structural defaulting does."""
+    if not isinstance(value, dict) or node.get("type") != "object":
+        return value
+    result = dict(value)
+    for key, child in (node.get("properties") or {}).items():
+        if key not in result and "default" in child:
+            result[key] = copy.deepcopy(child["default"])
+        if key in result:
+            result[key] = with_schema_defaults(child, result[key])
+    return result
+
+
+def test_minimal_spec_gets_the_defaults() -> None:
+    spec = parse_spec(MINIMAL)
+    assert spec.num_speculative_tokens == 4
+    assert (spec.target.replicas.min, spec.target.replicas.max) == (1, 1)
+    assert spec.target.metric_targets == {"kvUtilization": 0.8, "verifyQueueDepth": 4.0}
+    assert spec.draft.metric_targets == {"proposeQueueDepth": 4.0}
+    assert spec.target.resources.gpus == 1 and spec.target.tensor_parallel_size == 1
+    assert spec.canary is None and spec.coordinator.port == 50051
+    assert spec.autoscaling.scale_down_window_seconds == 300 and spec.autoscaling.max_step == 2
+
+
+def test_max_defaults_to_min_and_gpus_to_the_shard_count() -> None:
+    spec = parse_spec({**MINIMAL, "target": {"model": "big", "replicas": {"min": 3}, "tensorParallelSize": 4}})
+    assert (spec.target.replicas.min, spec.target.replicas.max) == (3, 3)
+    assert spec.target.resources.gpus == 4
+
+
+def test_every_problem_is_reported_with_its_field() -> None:
+    errors = errors_of({
+        "image": "",
+        "numSpeculativeTokens": 17,
+        "target": {"model": "big", "replicas": {"min": 4, "max": 2}, "tensorParallelSize": 2,
+                   "resources": {"gpus": 1}, "autoscaling": {"proposeQueueDepth": 3}},
+        "draft": {"model": "small", "tensorParallelSize": 2},
+        "canary": {"model": "new", "weight": 60, "promotion": {"metric": "latency", "maxWeight": 50}},
+        "autoscaling": {"maxStep": 0},
+        "surprise": True,
+    })
+    expected = [
+        "spec.surprise: unknown field",
+        "spec.image: must be a non-empty string",
+        "spec.numSpeculativeTokens: must be at most 16, got 17",
+        "spec.target.replicas: min (4) must not exceed max (2)",
+        "spec.target.resources.gpus: 1 GPUs cannot hold 2 shards",
+        "spec.target.autoscaling.proposeQueueDepth: unknown field",
+        "spec.draft.tensorParallelSize: the draft service runs on one device; must be 1",
+        "spec.canary.promotion.metric: 'latency' is not one of tokensPerSecond, acceptanceRate",
+        "spec.canary.weight: 60 exceeds promotion.maxWeight (50)",
+        "spec.autoscaling.maxStep: must be at least 1, got 0",
+    ]
+    for fragment in expected:
+        assert any(fragment in error for error in errors), f"missing {fragment!r} in {errors}"
+    assert len(errors) == len(expected)
+
+
+@pytest.mark.parametrize("bad, fragment", [
+    ({"target": {"model": "big", "replicas": {"min": "two"}}}, "spec.target.replicas.min: must be an integer"),
+    ({"target": {"model": "big", "replicas": {"min": True}}}, "spec.target.replicas.min: must be an integer"),
+    ({"target": {"model": "big", "autoscaling": {"kvUtilization": 1.5}}}, "kvUtilization: must be at most 1.0"),
+    ({"target": {"model": "big", "autoscaling": {"verifyQueueDepth": 0}}}, "verifyQueueDepth: must be greater than 0"),
+    ({"target": {"model": "big", "tensorParallelSize": 2, "resources": {"gpus": 0}}}, "one GPU per shard"),
+    ({"target": {"model": "big", "resources": {"limits": {"nvidia.com/gpu": 1}}}}, "not nvidia.com/gpu"),
+    ({"target": {}}, "spec.target.model: required"),
+    ({"draft": "small"}, "spec.draft: must be an object"),
+    ({"canary": {"weight": 10}}, "spec.canary.model: required"),
+    ({"imagePullPolicy": "Sometimes"}, "'Sometimes' is not one of Always, IfNotPresent, Never"),
+])
+def test_single_problems(bad: dict[str, Any], fragment: str) -> None:
+    errors = errors_of({**MINIMAL, **bad})
+    assert any(fragment in error for error in errors), errors
+
+
+@pytest.mark.parametrize("name, valid", [("coder", True), ("a" * 50, True), ("a" * 51, False),
+                                         ("9coder", False), ("coder.v2", False), ("Coder", False)])
+def test_the_name_must_fit_every_owned_service_name(name: str, valid: bool) -> None:
+    if valid:
+        parse_spec(MINIMAL, name)
+    else:
+        assert errors_of(MINIMAL, name)[0].startswith("metadata.name: ")
+
+
+def test_the_crd_is_a_valid_structural_crd() -> None:
+    document = crd()
+    kubernetes_validate.validate(document, "1.30.0", strict=True)
+    assert document["spec"]["names"]["shortNames"] == [naming.SHORT_NAME]
+    version = document["spec"]["versions"][0]
+    assert version["subresources"] == {"status": {}}
+    columns = {column["name"]: column["jsonPath"] for column in version["additionalPrinterColumns"]}
+    assert columns["Target"] == ".status.target.desiredReplicas"
+    assert columns["Ready"] == '.status.conditions[?(@.type=="Ready")].status'
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        # Structural: every node says its type (or is an int-or-string), and carries no free-form fields.
+        assert "type" in node or node.get("x-kubernetes-int-or-string"), f"{path} has no type"
+        assert not node.get("x-kubernetes-preserve-unknown-fields"), f"{path} keeps unknown fields"
+        for key, child in (node.get("properties") or {}).items():
+            walk(child, f"{path}.{key}")
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], f"{path}[]")
+        if isinstance(node.get("additionalProperties"), dict):
+            walk(node["additionalProperties"], f"{path}{{}}")
+    walk(schema(), "")
+    spec_properties = schema()["properties"]["spec"]["properties"]
+    assert all(child.get("description") for key, child in spec_properties.items() if key != "telemetry")
+
+
+def test_crd_defaults_match_the_operator_defaults() -> None:
+    """Defaulted by the API server or by parse_spec: the same values either way."""
+    spec_schema = schema()["properties"]["spec"]
+    raw = copy.deepcopy(MINIMAL) | {"canary": {"model": "new"}}
+    assert parse_spec(with_schema_defaults(spec_schema, raw)) == parse_spec(raw)
+
+
+def test_crd_schema_accepts_a_full_spec_and_rejects_what_the_operator_rejects() -> None:
+    spec_schema = schema()["properties"]["spec"]
+    full = {
+        "image": "registry.example/specsplit:0.1.0", "imagePullPolicy": "IfNotPresent", "numSpeculativeTokens": 6,
+        "target": {"model": "big", "replicas": {"min": 2, "max": 8}, "tensorParallelSize": 2,
+                   "resources": {"gpus": 2, "requests": {"cpu": "8", "memory": "64Gi"}, "limits": {"memory": "64Gi"}},
+                   "nodeSelector": {"nvidia.com/gpu.product": "H100"},
+                   "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                   "autoscaling": {"kvUtilization": 0.75, "verifyQueueDepth": 6}},
+        "draft": {"model": "small", "replicas": {"min": 1, "max": 4},
+                  "autoscaling": {"proposeQueueDepth": 8, "proposeLatencySeconds": 0.04}},
+        "coordinator": {"replicas": 2, "port": 8443},
+        "canary": {"model": "new", "weight": 5, "replicas": 1,
+                   "promotion": {"metric": "acceptanceRate", "confidence": 0.99, "minRequests": 500,
+                                 "stepPercent": 5, "maxWeight": 30, "intervalSeconds": 120}},
+        "autoscaling": {"stabilizationWindowSeconds": 600, "scaleDownCooldownSeconds": 300, "maxStep": 1,
+                        "intervalSeconds": 15},
+        "modelCache": {"claimName": "models"}, "telemetry": {"otlpEndpoint": "http://otel-collector:4317"},
+    }
+    # OpenAPI v3.0 schemas are JSON Schema draft 4 in this respect (boolean exclusiveMinimum).
+    validator = jsonschema.Draft4Validator(spec_schema)
+    validator.validate(full)
+    parse_spec(full)
+    for path, value in [(("numSpeculativeTokens",), 17), (("canary", "promotion", "metric"), "latency"),
+                        (("draft", "tensorParallelSize"), 2), (("target", "replicas", "min"), 0)]:
+        bad = copy.deepcopy(full)
+        node = bad
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        with pytest.raises(jsonschema.ValidationError):
+            validator.validate(bad)
+        with pytest.raises(InvalidSpecError):
+            parse_spec(bad)
