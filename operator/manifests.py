@@ -6,6 +6,7 @@ is in the cluster and the tests can check them without one. Pod commands follow 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 from collections.abc import Mapping
@@ -13,11 +14,11 @@ from typing import Any
 
 import kopf
 
-from specsplit.operator import naming
-from specsplit.operator.spec import DeploymentSpec, Resources, RoleSpec
+from specsplit.operator import grpc_security, naming
+from specsplit.operator.spec import DeploymentSpec, InternalTLS, Resources, RoleSpec
 
 GPU_RESOURCE = "nvidia.com/gpu"
-RUN_AS_USER = 65532  # the conventional "nonroot" uid of distroless images; any non-zero uid would do
+RUN_AS_USER = 10001  # the image's own user (the Dockerfile's USER), which owns /models in it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,23 +119,27 @@ def coordinator_command(instance: str, spec: DeploymentSpec) -> list[str]:
         "--port", str(naming.GRPC_PORT),
         "--metrics-port", str(naming.METRICS_PORT),
         "--num-speculative-tokens", str(spec.num_speculative_tokens),
+        *grpc_security.coordinator_args(spec.coordinator, spec.tls),
     ]
 
 
-def worker_command(role: str, model: str, tensor_parallel_size: int) -> list[str]:
+def worker_command(role: str, model: str, tensor_parallel_size: int, tls: InternalTLS | None = None) -> list[str]:
     command = ["specsplit", role, "--model", model,
                "--port", str(naming.GRPC_PORT), "--metrics-port", str(naming.METRICS_PORT)]
     if role == naming.TARGET and tensor_parallel_size > 1:
         command += ["--tensor-parallel-size", str(tensor_parallel_size)]
-    return command
+    return command + grpc_security.worker_args(tls)
 
 
 def coordinator_deployment(instance: str, spec: DeploymentSpec) -> dict[str, Any]:
     volumes = [{"name": "config", "configMap": {"name": naming.config_map_name(instance)}}]
     mounts = [{"name": "config", "mountPath": naming.CONFIG_DIR, "readOnly": True}]
+    secret_volumes, secret_mounts = grpc_security.coordinator_volumes(spec.coordinator, spec.tls)
+    probe = grpc_security.health_check(tls_served=spec.coordinator.tls_secret_name is not None)
     return _deployment(instance, spec, naming.COORDINATOR, replicas=spec.coordinator.replicas,
                        command=coordinator_command(instance, spec), resources=spec.coordinator.resources,
-                       extra_volumes=volumes, extra_mounts=mounts)
+                       extra_volumes=volumes + secret_volumes, extra_mounts=mounts + secret_mounts,
+                       health_check=probe)
 
 
 def worker_deployment(instance: str, spec: DeploymentSpec, component: str, role: RoleSpec, model: str,
@@ -147,10 +152,14 @@ def worker_deployment(instance: str, spec: DeploymentSpec, component: str, role:
         # NCCL between the shards of one pod needs more shared memory than the container default (64 MiB).
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    secret_volumes, secret_mounts = grpc_security.worker_volumes(spec.tls)
     return _deployment(instance, spec, component, replicas=replicas,
-                       command=worker_command(command_role, model, role.tensor_parallel_size),
-                       resources=role.resources, extra_volumes=volumes, extra_mounts=mounts,
-                       node_selector=role.node_selector, tolerations=role.tolerations)
+                       command=worker_command(command_role, model, role.tensor_parallel_size, spec.tls),
+                       resources=role.resources, extra_volumes=volumes + secret_volumes,
+                       extra_mounts=mounts + secret_mounts,
+                       health_check=grpc_security.health_check(tls_served=spec.tls is not None),
+                       node_selector=role.node_selector, tolerations=role.tolerations, affinity=role.affinity,
+                       extra_env=role.env)
 
 
 def _resource_requirements(resources: Resources) -> dict[str, Any]:
@@ -168,7 +177,10 @@ def _model_cache_volume(spec: DeploymentSpec) -> dict[str, Any]:
     return {"name": "models", "emptyDir": empty_dir}
 
 
-def _environment(component: str, spec: DeploymentSpec) -> list[dict[str, Any]]:
+def _environment(component: str, spec: DeploymentSpec, extra_env: tuple[Mapping[str, Any], ...]
+                 ) -> list[dict[str, Any]]:
+    """The operator's variables, then the spec's; a spec variable of the same name replaces the operator's
+    (one entry per name: the API server's apply would refuse duplicates)."""
     env = [
         {"name": "SPECSPLIT_CACHE", "value": naming.MODEL_CACHE_DIR},
         {"name": "HOME", "value": "/tmp"},  # libraries that cache under ~ must find a writable home
@@ -178,14 +190,16 @@ def _environment(component: str, spec: DeploymentSpec) -> list[dict[str, Any]]:
     ]
     if spec.otlp_endpoint:
         env.append({"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": spec.otlp_endpoint})
-    return env
+    replaced = {variable["name"] for variable in extra_env}
+    kept = [variable for variable in env if variable["name"] not in replaced]
+    return kept + [copy.deepcopy(dict(variable)) for variable in extra_env]
 
 
 def _deployment(instance: str, spec: DeploymentSpec, component: str, *, replicas: int, command: list[str],
                 resources: Resources, extra_volumes: list[dict[str, Any]], extra_mounts: list[dict[str, Any]],
-                node_selector: Mapping[str, str] | None = None,
-                tolerations: tuple[Mapping[str, Any], ...] = ()) -> dict[str, Any]:
-    grpc_probe = {"grpc": {"port": naming.GRPC_PORT}}
+                health_check: dict[str, Any], node_selector: Mapping[str, str] | None = None,
+                tolerations: tuple[Mapping[str, Any], ...] = (), affinity: Mapping[str, Any] | None = None,
+                extra_env: tuple[Mapping[str, Any], ...] = ()) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": component,
         "image": spec.image,
@@ -194,12 +208,12 @@ def _deployment(instance: str, spec: DeploymentSpec, component: str, *, replicas
             {"name": "grpc", "containerPort": naming.GRPC_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": naming.METRICS_PORT, "protocol": "TCP"},
         ],
-        "env": _environment(component, spec),
+        "env": _environment(component, spec, extra_env),
         "resources": _resource_requirements(resources),
         # Loading a model can take minutes; the startup probe holds liveness off until the server is up.
-        "startupProbe": {**grpc_probe, "periodSeconds": 10, "failureThreshold": 60},
-        "readinessProbe": {**grpc_probe, "periodSeconds": 5, "failureThreshold": 3},
-        "livenessProbe": {**grpc_probe, "periodSeconds": 10, "failureThreshold": 6},
+        "startupProbe": {**health_check, "periodSeconds": 10, "failureThreshold": 60},
+        "readinessProbe": {**health_check, "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {**health_check, "periodSeconds": 10, "failureThreshold": 6},
         "securityContext": {
             "runAsNonRoot": True,
             "allowPrivilegeEscalation": False,
@@ -231,6 +245,10 @@ def _deployment(instance: str, spec: DeploymentSpec, component: str, *, replicas
         pod_spec["nodeSelector"] = dict(node_selector)
     if tolerations:
         pod_spec["tolerations"] = [dict(toleration) for toleration in tolerations]
+    if affinity:
+        pod_spec["affinity"] = copy.deepcopy(dict(affinity))
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": name} for name in spec.image_pull_secrets]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

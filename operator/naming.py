@@ -30,10 +30,20 @@ ANNOTATION_LAST_APPLIED = "specsplit.dev/last-applied"
 GRPC_PORT = 50051
 METRICS_PORT = 9090
 
-# The coordinator reads its draft variants from this file (a ConfigMap key mounted read-only).
+# The coordinator reads its draft variants from this file (a ConfigMap key mounted read-only). Each mount
+# under /etc/specsplit is its own folder: a volume mounted inside a ConfigMap's volume would be disturbed
+# whenever the ConfigMap (rewritten at every canary step) is updated.
 VARIANTS_KEY = "draft-variants.json"
-CONFIG_DIR = "/etc/specsplit"
+CONFIG_DIR = "/etc/specsplit/config"
 MODEL_CACHE_DIR = "/models"
+
+# TLS of the internal gRPC (a kubernetes.io/tls Secret with ca.crt), in the coordinator and every worker.
+TLS_DIR = "/etc/specsplit/tls"
+TLS_CERT_KEY, TLS_KEY_KEY, TLS_CA_KEY = "tls.crt", "tls.key", "ca.crt"
+# TLS of the coordinator's public port (tls.crt, tls.key), and the bearer tokens its clients must send.
+PUBLIC_TLS_DIR = "/etc/specsplit/public-tls"
+AUTH_DIR = "/etc/specsplit/auth"
+AUTH_TOKENS_KEY = "tokens"
 
 # Names of the draft variants in the coordinator's variants file and its /v1/canary report.
 STABLE_VARIANT = "stable"

@@ -9,6 +9,7 @@ Every error names the field it is about, so the status condition tells the user 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 from collections.abc import Mapping
@@ -23,6 +24,27 @@ PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 # and the longest suffix is "-draft-canary".
 MAX_NAME_LENGTH = 63 - len("-draft-canary")
 DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# Names of Secrets (DNS-1123 subdomains), host names to check in certificates, environment variable names
+# (as Kubernetes 1.30 accepts them).
+DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+HOST_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*$")
+ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+
+# core/v1 Affinity: the kinds, and the scheduling terms each kind takes (an object for the node's required
+# term, lists otherwise). Deeper than this the API server checks the Deployment the operator writes.
+AFFINITY_TERMS = {
+    "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": dict,
+                     "preferredDuringSchedulingIgnoredDuringExecution": list},
+    "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": list,
+                    "preferredDuringSchedulingIgnoredDuringExecution": list},
+    "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": list,
+                        "preferredDuringSchedulingIgnoredDuringExecution": list},
+}
+# core/v1 EnvVarSource: exactly one source, each with the key it cannot do without.
+ENV_SOURCES = {"fieldRef": ("fieldPath", ("apiVersion", "fieldPath")),
+               "resourceFieldRef": ("resource", ("containerName", "resource", "divisor")),
+               "configMapKeyRef": ("key", ("name", "key", "optional")),
+               "secretKeyRef": ("key", ("name", "key", "optional"))}
 
 DEFAULT_K = 4
 DEFAULT_TARGET_METRICS = {"kvUtilization": 0.8, "verifyQueueDepth": 4.0}
@@ -58,6 +80,8 @@ class RoleSpec:
     tensor_parallel_size: int
     node_selector: Mapping[str, str]
     tolerations: tuple[Mapping[str, Any], ...]
+    affinity: Mapping[str, Any]  # a core/v1 Affinity, as given
+    env: tuple[Mapping[str, Any], ...]  # core/v1 EnvVars added to (or replacing) the operator's own
     metric_targets: Mapping[str, float]  # autoscaling targets, keyed by the CRD's metric names
 
 
@@ -66,6 +90,16 @@ class CoordinatorSpec:
     replicas: int
     resources: Resources
     port: int  # port of the public Service; the container always listens on 50051
+    tls_secret_name: str | None  # TLS on the public port: a Secret with tls.crt and tls.key
+    auth_token_secret_name: str | None  # bearer tokens clients must send: a Secret with key `tokens`
+
+
+@dataclasses.dataclass(frozen=True)
+class InternalTLS:
+    """TLS between the coordinator and the workers, from one kubernetes.io/tls Secret that also holds ca.crt."""
+    secret_name: str
+    mutual: bool  # workers require the coordinator's client certificate
+    server_name: str | None  # the name the coordinator checks in workers' certificates; None: the Service's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +133,7 @@ class AutoscalingSpec:
 class DeploymentSpec:
     image: str
     image_pull_policy: str | None
+    image_pull_secrets: tuple[str, ...]  # Secret names, for every pod
     num_speculative_tokens: int
     target: RoleSpec
     draft: RoleSpec
@@ -108,6 +143,7 @@ class DeploymentSpec:
     model_cache_claim: str | None
     model_cache_size_limit: str | None
     otlp_endpoint: str | None
+    tls: InternalTLS | None
 
 
 _REQUIRED = object()
@@ -141,6 +177,21 @@ class _Fields:
             return default if default is not _REQUIRED else ""
         if choices and value not in choices:
             self.errors.append(f"{self.path}.{key}: {value!r} is not one of {', '.join(choices)}")
+        return value
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self._get(key, default)
+        if not isinstance(value, bool):
+            self.errors.append(f"{self.path}.{key}: must be true or false")
+            return default
+        return value
+
+    def name(self, key: str, default: Any = _REQUIRED, pattern: re.Pattern[str] = DNS_1123_SUBDOMAIN,
+             what: str = "a lowercase DNS name (a Secret's name)") -> Any:
+        """A string that names a Kubernetes object (or a host): checked here, as a pod with a bad one never starts."""
+        value = self.string(key, default)
+        if isinstance(value, str) and value and (len(value) > 253 or not pattern.match(value)):
+            self.errors.append(f"{self.path}.{key}: {value!r} must be {what} of at most 253 characters")
         return value
 
     def integer(self, key: str, default: Any = _REQUIRED, low: int | None = None, high: int | None = None) -> Any:
@@ -217,8 +268,61 @@ def _resources(fields: _Fields, default_gpus: int, allow_gpus: bool = True) -> R
     return Resources(requests=requests, limits=limits, gpus=gpus)
 
 
+def _affinity(fields: _Fields) -> dict[str, Any]:
+    """A core/v1 Affinity: its kinds and their terms by name and shape; the terms themselves as given."""
+    fields.only(*AFFINITY_TERMS)
+    for kind, terms in AFFINITY_TERMS.items():
+        kind_fields = fields.child(kind)
+        kind_fields.only(*terms)
+        for term, shape in terms.items():
+            value = kind_fields.raw.get(term)
+            if value is None:
+                continue
+            if shape is dict and not isinstance(value, Mapping):
+                fields.errors.append(f"{kind_fields.path}.{term}: must be an object")
+            if shape is list and not (isinstance(value, list) and all(isinstance(item, Mapping) for item in value)):
+                fields.errors.append(f"{kind_fields.path}.{term}: must be a list of objects")
+    return copy.deepcopy(dict(fields.raw))
+
+
+def _env(fields: _Fields, key: str) -> tuple[dict[str, Any], ...]:
+    """core/v1 EnvVars: a name, and a value or one valueFrom source; no name twice."""
+    raw = fields.raw.get(key)
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        fields.errors.append(f"{fields.path}.{key}: must be a list of objects")
+        return ()
+    seen: set[str] = set()
+    for index, item in enumerate(raw):
+        variable = _Fields(item, f"{fields.path}.{key}[{index}]", fields.errors)
+        variable.only("name", "value", "valueFrom")
+        name = variable.name("name", pattern=ENV_NAME, what="an environment variable name (letters, digits, "
+                             "'-', '.', '_', not starting with a digit)")
+        if isinstance(name, str) and name and name in seen:
+            fields.errors.append(f"{variable.path}.name: {name!r} is set twice")
+        seen.add(name)
+        if "value" in variable.raw and not isinstance(variable.raw["value"], str):
+            fields.errors.append(f"{variable.path}.value: must be a string")
+        if variable.has("valueFrom"):
+            if variable.has("value"):
+                fields.errors.append(f"{variable.path}: set value or valueFrom, not both")
+            source = variable.child("valueFrom")
+            source.only(*ENV_SOURCES)
+            chosen = [kind for kind in ENV_SOURCES if source.has(kind)]
+            if len(chosen) != 1:
+                fields.errors.append(f"{source.path}: must have exactly one of {', '.join(ENV_SOURCES)}")
+            for kind in chosen:
+                required, known = ENV_SOURCES[kind]
+                reference = source.child(kind)
+                reference.only(*known)
+                reference.string(required)
+    return tuple(copy.deepcopy(dict(item)) for item in raw if isinstance(item, Mapping))
+
+
 def _role(fields: _Fields, role: str, metrics: tuple[str, ...], default_targets: Mapping[str, float]) -> RoleSpec:
-    fields.only("model", "replicas", "resources", "tensorParallelSize", "nodeSelector", "tolerations", "autoscaling")
+    fields.only("model", "replicas", "resources", "tensorParallelSize", "nodeSelector", "tolerations", "affinity",
+                "env", "autoscaling")
     model = fields.string("model")
     replicas_fields = fields.child("replicas")
     replicas_fields.only("min", "max")
@@ -251,6 +355,8 @@ def _role(fields: _Fields, role: str, metrics: tuple[str, ...], default_targets:
         tensor_parallel_size=tp,
         node_selector=fields.string_map("nodeSelector"),
         tolerations=fields.object_list("tolerations"),
+        affinity=_affinity(fields.child("affinity")),
+        env=_env(fields, "env"),
         metric_targets=targets,
     )
 
@@ -275,6 +381,25 @@ def _canary(fields: _Fields) -> CanarySpec:
                       promotion=promotion)
 
 
+def _internal_tls(fields: _Fields) -> InternalTLS:
+    fields.only("secretName", "mutual", "serverName")
+    return InternalTLS(
+        secret_name=fields.name("secretName"),
+        mutual=fields.boolean("mutual", True),
+        server_name=fields.name("serverName", None, pattern=HOST_NAME, what="a DNS host name"),
+    )
+
+
+def _image_pull_secrets(fields: _Fields) -> tuple[str, ...]:
+    """LocalObjectReferences ({name: SECRET}) in the spec; the names alone in the typed value."""
+    names = []
+    for index, item in enumerate(fields.object_list("imagePullSecrets")):
+        reference = _Fields(item, f"{fields.path}.imagePullSecrets[{index}]", fields.errors)
+        reference.only("name")
+        names.append(reference.name("name"))
+    return tuple(names)
+
+
 def parse_spec(raw: Mapping[str, Any] | None, name: str | None = None) -> DeploymentSpec:
     """Validate a SpeculativeDeployment spec (and its name, if given) and fill its defaults;
     raise InvalidSpecError listing every problem."""
@@ -283,20 +408,27 @@ def parse_spec(raw: Mapping[str, Any] | None, name: str | None = None) -> Deploy
         errors.append(f"metadata.name: {name!r} must be a lowercase DNS label of at most {MAX_NAME_LENGTH} "
                       f"characters starting with a letter, to name the Services NAME-target, NAME-draft-canary, ...")
     top = _Fields(raw, "spec", errors)
-    top.only("image", "imagePullPolicy", "numSpeculativeTokens", "target", "draft", "coordinator", "canary",
-             "autoscaling", "modelCache", "telemetry")
+    top.only("image", "imagePullPolicy", "imagePullSecrets", "numSpeculativeTokens", "target", "draft", "coordinator",
+             "canary", "autoscaling", "modelCache", "telemetry", "tls")
     image = top.string("image")
     pull_policy = top.string("imagePullPolicy", None, choices=PULL_POLICIES)
+    pull_secrets = _image_pull_secrets(top)
     k = top.integer("numSpeculativeTokens", DEFAULT_K, low=0, high=16)
     target = _role(top.child("target"), "target", TARGET_METRICS, DEFAULT_TARGET_METRICS)
     draft = _role(top.child("draft"), "draft", DRAFT_METRICS, DEFAULT_DRAFT_METRICS)
 
     coordinator_fields = top.child("coordinator")
-    coordinator_fields.only("replicas", "resources", "port")
+    coordinator_fields.only("replicas", "resources", "port", "tls", "auth")
+    public_tls = coordinator_fields.child("tls")
+    public_tls.only("secretName")
+    auth = coordinator_fields.child("auth")
+    auth.only("tokenSecretName")
     coordinator = CoordinatorSpec(
         replicas=coordinator_fields.integer("replicas", 1, low=1, high=100),
         resources=_resources(coordinator_fields.child("resources"), default_gpus=0, allow_gpus=False),
         port=coordinator_fields.integer("port", 50051, low=1, high=65535),
+        tls_secret_name=public_tls.name("secretName") if coordinator_fields.has("tls") else None,
+        auth_token_secret_name=auth.name("tokenSecretName") if coordinator_fields.has("auth") else None,
     )
     canary = _canary(top.child("canary")) if top.has("canary") else None
 
@@ -317,6 +449,7 @@ def parse_spec(raw: Mapping[str, Any] | None, name: str | None = None) -> Deploy
     spec = DeploymentSpec(
         image=image,
         image_pull_policy=pull_policy,
+        image_pull_secrets=pull_secrets,
         num_speculative_tokens=k,
         target=target,
         draft=draft,
@@ -326,6 +459,7 @@ def parse_spec(raw: Mapping[str, Any] | None, name: str | None = None) -> Deploy
         model_cache_claim=cache.string("claimName", None),
         model_cache_size_limit=cache.string("sizeLimit", None),
         otlp_endpoint=telemetry.string("otlpEndpoint", None),
+        tls=_internal_tls(top.child("tls")) if top.has("tls") else None,
     )
     if errors:
         raise InvalidSpecError(errors)

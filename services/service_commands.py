@@ -5,6 +5,8 @@ import signal
 import subprocess
 import sys
 
+from specsplit.services.rpc.security import ChannelSecurity, add_server_tls_args, read_tokens, server_security_from_args
+
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
@@ -18,6 +20,10 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
         p.add_argument("--port", type=int, default=50051, help="0 = any free port (printed)")
         p.add_argument("--lease-seconds", type=float, default=600.0, help="free sequences idle this long")
         p.add_argument("--draft-support", type=int, default=32, help="top-K support of the draft's q")
+        p.add_argument("--tensor-parallel-size", type=int, default=1,
+                       help="GPUs to shard the model over (only 1 is available in this version)")
+        add_server_tls_args(p)
+        add_metrics_port_arg(p)
         add_model_args(p)
         p.set_defaults(handler=_run_worker, role=role)
 
@@ -26,6 +32,8 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
     c.add_argument("--draft", default="", help="HOST:PORT[,...] of draft replicas (one variant named 'default')")
     c.add_argument("--draft-variant", action="append", default=[], metavar="NAME:WEIGHT:HOST:PORT[,...]",
                    help="a named draft variant with its routing weight (repeatable; canaries)")
+    c.add_argument("--draft-variants-file", default=None, metavar="PATH",
+                   help='JSON {"variants": [{"name", "weight", "addresses"}]}, re-read when it changes (instead of --draft)')
     c.add_argument("--tokenizer", default=None, help="MODEL whose tokenizer to use (default: the target's)")
     c.add_argument("--host", default="0.0.0.0")
     c.add_argument("--port", type=int, default=50051)
@@ -33,6 +41,15 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
     c.add_argument("--max-num-seqs", type=int, default=256)
     c.add_argument("--max-waiting", type=int, default=1024)
     c.add_argument("--disable-speculation-batch-size", type=int, default=0)
+    c.add_argument("--replica-recovery-seconds", type=float, default=30.0,
+                   help="how long a request waits for a target replica to come back before UNAVAILABLE")
+    add_server_tls_args(c)
+    c.add_argument("--auth-token-file", help="require `authorization: Bearer TOKEN` with a token from this file")
+    c.add_argument("--worker-tls-ca", help="dial workers over TLS, verifying them with this CA")
+    c.add_argument("--worker-tls-cert", help="client certificate for workers that require mutual TLS")
+    c.add_argument("--worker-tls-key", help="its private key")
+    c.add_argument("--worker-tls-server-name", help="name to verify in workers' certificates (default: the address's host)")
+    add_metrics_port_arg(c)
     c.set_defaults(handler=_run_coordinator)
 
     s = sub.add_parser(
@@ -44,9 +61,17 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
     s.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft MODEL (default {DEFAULT_DRAFT}; 'none' = target-only)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=50051, help="the coordinator's port (0 = any)")
+    s.add_argument("--metrics-port", type=int, default=9090,
+                   help="the coordinator's metrics port (0 = any, -1 = none); the workers' are chosen free and printed")
     add_sampling_args(s)
     add_model_args(s)
     s.set_defaults(handler=_run_serve)
+
+
+def add_metrics_port_arg(p) -> None:
+    p.add_argument("--metrics-port", type=int, default=9090,
+                   help="Prometheus /metrics (and the coordinator's /v1/canary) on this port; 0 = any free port "
+                   "(printed), -1 = none")
 
 
 def parse_draft_variants(args) -> list[tuple[str, float, list[str]]]:
@@ -62,10 +87,13 @@ def parse_draft_variants(args) -> list[tuple[str, float, list[str]]]:
 def _run_worker(args) -> int:
     from specsplit.services.rpc.worker_process import serve_worker
 
+    if args.tensor_parallel_size != 1:
+        raise SystemExit("specsplit: error: tensor parallelism (--tensor-parallel-size > 1) is not available in this version")
     options = dict(dtype=args.dtype, device=args.device, num_kv_blocks=args.num_kv_blocks, block_size=args.block_size)
     if args.role == "draft":
         options["draft_support"] = args.draft_support
-    asyncio.run(serve_worker(args.role, args.model, args.host, args.port, args.lease_seconds, **options))
+    asyncio.run(serve_worker(args.role, args.model, args.host, args.port, args.lease_seconds, args.metrics_port,
+                             security=server_security_from_args(args), **options))
     return 0
 
 
@@ -78,19 +106,28 @@ def _run_coordinator(args) -> int:
         max_num_seqs=args.max_num_seqs,
         max_waiting=args.max_waiting,
         disable_speculation_batch_size=args.disable_speculation_batch_size,
+        replica_recovery_seconds=args.replica_recovery_seconds,
     )
+    worker_security = ChannelSecurity(args.worker_tls_ca, args.worker_tls_cert, args.worker_tls_key, args.worker_tls_server_name)
+    tokens = read_tokens(args.auth_token_file) if args.auth_token_file else None
     targets = [a for a in args.target.split(",") if a]
-    asyncio.run(serve_coordinator(targets, parse_draft_variants(args), args.host, args.port, args.tokenizer, config))
+    if args.draft_variants_file and (args.draft or args.draft_variant):
+        raise SystemExit("give either --draft/--draft-variant or --draft-variants-file, not both")
+    asyncio.run(serve_coordinator(targets, parse_draft_variants(args), args.host, args.port, args.tokenizer, config,
+                                  metrics_port=args.metrics_port, draft_variants_file=args.draft_variants_file,
+                                  security=server_security_from_args(args), worker_security=worker_security, auth_tokens=tokens))
     return 0
 
 
-def spawn_service(argv: list[str], env=None) -> tuple[subprocess.Popen, str]:
+def spawn_service(argv: list[str], env=None, stderr=None) -> tuple[subprocess.Popen, str]:
     """Start `specsplit ARGV` and wait for its 'listening on HOST:PORT' line; returns (process, address)."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "specsplit", *argv], stdout=subprocess.PIPE, stderr=None, text=True, env=env
+        [sys.executable, "-m", "specsplit", *argv], stdout=subprocess.PIPE, stderr=stderr, text=True, env=env
     )
+    process.startup_lines = []  # what it printed before listening (e.g. where its metrics are)
     for line in process.stdout:
-        if " listening on " in line:
+        process.startup_lines.append(line.rstrip("\n"))
+        if " listening on " in line or " serving on " in line:
             return process, line.strip().rsplit(" ", 1)[-1]
     raise RuntimeError(f"`specsplit {' '.join(argv)}` exited with {process.wait()} before listening")
 
@@ -100,22 +137,25 @@ def _run_serve(args) -> int:
         args.draft = None
     k = args.num_speculative_tokens if args.num_speculative_tokens is not None else 4
     model_flags = ["--dtype", args.dtype, "--device", args.device, "--block-size", str(args.block_size)]
+    worker_metrics = ["--metrics-port", "0" if args.metrics_port >= 0 else "-1"]
     if args.num_kv_blocks:
         model_flags += ["--num-kv-blocks", str(args.num_kv_blocks)]
     processes = []
     try:
         print(f"starting target ({args.target})" + (f" and draft ({args.draft})" if args.draft else "") + " ...", file=sys.stderr)
-        target, target_addr = spawn_service(["target", "--model", args.target, "--host", "127.0.0.1", "--port", "0", *model_flags])
+        target, target_addr = spawn_service(["target", "--model", args.target, "--host", "127.0.0.1", "--port", "0", *model_flags, *worker_metrics])
         processes.append(target)
         coordinator_argv = ["coordinator", "--target", target_addr, "--host", args.host, "--port", str(args.port),
-                            "-k", str(k if args.draft else 0)]
+                            "-k", str(k if args.draft else 0), "--metrics-port", str(args.metrics_port)]
         if args.draft:
-            draft, draft_addr = spawn_service(["draft", "--model", args.draft, "--host", "127.0.0.1", "--port", "0", *model_flags])
+            draft, draft_addr = spawn_service(["draft", "--model", args.draft, "--host", "127.0.0.1", "--port", "0", *model_flags, *worker_metrics])
             processes.append(draft)
             coordinator_argv += ["--draft", draft_addr]
         coordinator, address = spawn_service(coordinator_argv)
         processes.append(coordinator)
         print(f"specsplit serving on {address}", flush=True)
+        for line in (line for p in processes for line in p.startup_lines if " metrics on " in line):
+            print(line, file=sys.stderr)
         if args.prompt is not None or args.prompt_ids:
             return _one_request(args, address)
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

@@ -129,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--target", help="target MODEL (--local): a built-in name, a Hugging Face folder or a GGUF file")
     gen.add_argument("--draft", help="draft MODEL (--local)")
     gen.add_argument("--timeout", type=float, default=None, help="request deadline in seconds (--server)")
+    gen.add_argument("--token", default=None, help="bearer token for the coordinator (--server; or $SPECSPLIT_TOKEN)")
+    gen.add_argument("--tls-ca", default=None, help="verify the coordinator's TLS certificate with this CA (--server)")
+    gen.add_argument("--tls-cert", default=None, help="client certificate for mutual TLS (--server)")
+    gen.add_argument("--tls-key", default=None, help="its private key (--server)")
+    gen.add_argument("--tls-server-name", default=None, help="name to verify in the coordinator's certificate (--server)")
     _add_sampling_args(gen)
     _add_model_args(gen)
     gen.set_defaults(handler=_cmd_generate)
@@ -142,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
         add_models_commands = None
     if add_models_commands is not None:
         add_models_commands(sub)
+    from specsplit.services.canary.commands import add_canary_commands
+
+    add_canary_commands(sub, _add_model_args)
     return parser
 
 

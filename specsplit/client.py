@@ -15,8 +15,19 @@ from specsplit.services.sampling_params import SamplingParams
 
 
 class Client:
-    def __init__(self, address: str, timeout: float | None = None):
-        self.channel = grpc.insecure_channel(address)
+    """`token` sends `authorization: Bearer TOKEN`; `tls_ca` (and `tls_cert`/`tls_key` for mutual TLS) use TLS."""
+
+    def __init__(self, address: str, timeout: float | None = None, token: str | None = None, tls_ca: str | None = None,
+                 tls_cert: str | None = None, tls_key: str | None = None, server_name: str | None = None):
+        from specsplit.services.rpc.security import ChannelSecurity
+
+        security = ChannelSecurity(tls_ca, tls_cert, tls_key, server_name)
+        if security.enabled:
+            self.channel = grpc.secure_channel(address, security.credentials(), options=security.options())
+        else:
+            self.channel = grpc.insecure_channel(address)
+        if token:
+            self.channel = grpc.intercept_channel(self.channel, _BearerToken(token))
         self.stub = generation_pb2_grpc.GenerationStub(self.channel)
         self.timeout = timeout
 
@@ -44,12 +55,42 @@ class Client:
         return self.stub.GetDraftVariantStats(generation_pb2.DraftVariantStatsRequest(), timeout=self.timeout)
 
 
+class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    def __init__(self, token: str):
+        self._header = ("authorization", f"Bearer {token}")
+
+    def _with_token(self, details):
+        metadata = list(details.metadata or []) + [self._header]
+        return details._replace(metadata=metadata) if hasattr(details, "_replace") else _CallDetails(details, metadata)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._with_token(details), request)
+
+
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(self, details, metadata):
+        self.method = details.method
+        self.timeout = details.timeout
+        self.metadata = metadata
+        self.credentials = details.credentials
+        self.wait_for_ready = getattr(details, "wait_for_ready", None)
+        self.compression = getattr(details, "compression", None)
+
+
 def generate_from_cli(args, params: SamplingParams, prompt, print_result) -> int:
     """`specsplit generate --server`: stream text as it arrives, or print one JSON object with --json."""
     import sys
 
     request = pm.request_pb(prompt, params, args.chat)
-    with Client(args.server, timeout=args.timeout) as client:
+    import os
+
+    token = getattr(args, "token", None) or os.environ.get("SPECSPLIT_TOKEN")
+    tls = dict(tls_ca=getattr(args, "tls_ca", None), tls_cert=getattr(args, "tls_cert", None), tls_key=getattr(args, "tls_key", None),
+               server_name=getattr(args, "tls_server_name", None))
+    with Client(args.server, timeout=args.timeout, token=token, **tls) as client:
         try:
             token_ids, text, logprobs, last = [], [], [], None
             for chunk in client.stub.GenerateStream(request, timeout=client.timeout):

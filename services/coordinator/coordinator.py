@@ -20,9 +20,10 @@ from specsplit.services.coordinator.replica_pools import ReplicaPool, pick_varia
 from specsplit.services.coordinator.sequence_state import SequenceState
 from specsplit.services.coordinator.stop_checker import StopChecker
 from specsplit.services.draft.proposer import DraftPrefill, ProposeItem
-from specsplit.services.errors import InvalidArgument, KVCacheFull, ResourceExhausted, Unavailable
+from specsplit.services.errors import InvalidArgument, KVCacheFull, ResourceExhausted, Unavailable, UnknownSequence
 from specsplit.services.runtime.worker_sequences import WorkerSampling
 from specsplit.services.target.verifier import TargetPrefill, VerifyItem
+from specsplit.services.telemetry.coordinator_telemetry import CoordinatorTelemetry
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,8 @@ class CoordinatorConfig:
     max_num_seqs: int = 256                 # sequences decoding at once
     max_waiting: int = 1024                 # admitted but not yet running; beyond it, RESOURCE_EXHAUSTED
     disable_speculation_batch_size: int = 0  # 0 = never; else speculation is off while this many decode
+    replica_recovery_seconds: float = 30.0   # how long a sequence waits for a target replica before UNAVAILABLE
+    probe_interval_seconds: float = 2.0      # how often replicas marked down are asked whether they are back
 
 
 class Coordinator:
@@ -51,7 +54,9 @@ class Coordinator:
         self._loop_task: asyncio.Task | None = None
         self._bound_loop = None
         self.observers = []  # callables(sequence, event_name) for metrics and canary statistics
+        self.telemetry = CoordinatorTelemetry(self)  # request spans and worker-call timings
         self._releases: dict = {}  # worker client -> handles to release after this iteration
+        self._last_probe = 0.0
 
     # ---- public API -------------------------------------------------------------------------------------------
 
@@ -79,6 +84,8 @@ class Coordinator:
         )
         if not request.request_id:
             request.request_id = handle
+        log.debug("admitted %s (%d prompt tokens, max %d new)", handle, len(request.prompt_token_ids), params.max_tokens)
+        self.telemetry.request_started(sequence)
         self.waiting.append(sequence)
         self._ensure_loop()
         self._idle.clear()
@@ -161,68 +168,101 @@ class Coordinator:
                 self._wake.clear()
                 await self._wake.wait()
                 self._idle.clear()
-            newcomers = self._admit()
-            decoding = [s for s in self.running if s.prefilled and not s.finished]
+            self._admit()
+            self._probe_down_replicas()
+            live = [s for s in self.running if not s.finished]
+            needs_target = [s for s in live if not s.prefilled]
+            needs_draft = [s for s in live if self._wants_draft(s) and not s.draft_prefilled]
+            decoding = [s for s in live if s.prefilled]
             try:
-                await asyncio.gather(self._prefill(newcomers), self._round(decoding))
+                await asyncio.gather(self._prefill_targets(needs_target), self._attach_drafts(needs_draft), self._round(decoding))
             except Exception:  # a bug in one round must not take every request down with the loop
                 log.exception("round failed")
-                for sequence in newcomers + decoding:
+                for sequence in live:
                     self._fail(sequence, Unavailable("internal error in the coordinator round"))
             await self._release_finished()
-            if not newcomers and not decoding:
-                await asyncio.sleep(0.001)  # everything is waiting on KV room: do not spin
+            if not decoding:
+                await asyncio.sleep(0.005)  # waiting for KV room or for a replica to come back: do not spin
 
-    def _admit(self) -> list[SequenceState]:
+    def _admit(self) -> None:
         room = self.config.max_num_seqs - len(self.running)
-        newcomers = []
         while self.waiting and room > 0:
-            sequence = self.waiting.popleft()
-            self.running.append(sequence)
-            newcomers.append(sequence)
+            self.running.append(self.waiting.popleft())
             room -= 1
-        return newcomers
 
-    async def _prefill(self, sequences: list[SequenceState]) -> None:
-        if not sequences:
-            return
+    def _wants_draft(self, sequence: SequenceState) -> bool:
+        return (
+            bool(self.drafts)
+            and not sequence.draft_disabled
+            and sequence.request.params.num_speculative_tokens != 0
+            and self.config.num_speculative_tokens > 0
+        )
+
+    async def _prefill_targets(self, sequences: list[SequenceState]) -> None:
+        """Prefill new, preempted and orphaned sequences on a target; the target samples their next token."""
+        ready = []
         for sequence in sequences:
-            sequence.target = self.targets.pick()
             if sequence.target is None:
-                self._fail(sequence, Unavailable("no target replica is available"))
+                sequence.target = self.targets.pick()
+            if sequence.target is not None:
+                ready.append(sequence)
                 continue
-            if sequence.request.params.num_speculative_tokens != 0 and self.config.num_speculative_tokens > 0:
-                pool = pick_variant(self.drafts, self._rng)
-                if pool is not None:
-                    sequence.draft_variant = pool.name
-                    sequence.draft = pool.pick()
-        live = [s for s in sequences if not s.finished]
-        target_calls = [
-            self._call(client, "prefill", [TargetPrefill(s.handle, s.committed, s.sampling, s.request.params.logprobs) for s in group], group)
-            for client, group in _group(live, lambda s: s.target)
+            # No live target: wait for one to come back, within a bound.
+            now = time.monotonic()
+            sequence.target_lost_since = sequence.target_lost_since or now
+            if now - sequence.target_lost_since > self.config.replica_recovery_seconds:
+                self._fail(sequence, Unavailable("no target replica is available"))
+        calls = [
+            self._call(client, "prefill", [TargetPrefill(s.handle, list(s.committed), s.sampling, s.request.params.logprobs) for s in group], group)
+            for client, group in _group(ready, lambda s: s.target)
         ]
-        draft_calls = [
-            self._call(client, "prefill", [DraftPrefill(s.handle, s.committed, s.sampling) for s in group], group)
-            for client, group in _group([s for s in live if s.draft], lambda s: s.draft)
+        for group_results in await asyncio.gather(*calls):
+            for sequence, verdict in group_results:
+                if sequence.finished:
+                    continue
+                if isinstance(verdict, Exception):
+                    self._on_target_error(sequence, verdict)
+                    continue
+                resumed = bool(sequence.generated)
+                sequence.prefilled = True
+                sequence.target_lost_since = None
+                sequence.target_cached = verdict.num_cached
+                self._commit(sequence, verdict, num_draft=0 if resumed else None)
+
+    async def _attach_drafts(self, sequences: list[SequenceState]) -> None:
+        """Give sequences a draft replica of their variant and run their committed tokens into its KV. Without a
+        live replica a sequence decodes target-only until one returns."""
+        ready = []
+        for sequence in sequences:
+            pool = self._variant_pool(sequence)
+            if pool is None:
+                continue
+            if sequence.draft is None:
+                sequence.draft = pool.pick()
+            if sequence.draft is not None:
+                ready.append(sequence)
+        calls = [
+            self._call(client, "prefill", [DraftPrefill(s.handle, list(s.committed), s.sampling) for s in group], group)
+            for client, group in _group(ready, lambda s: s.draft)
         ]
-        results = await asyncio.gather(*target_calls, *draft_calls)
-        for group_results in results[len(target_calls):]:
+        for group_results in await asyncio.gather(*calls):
             for sequence, result in group_results:
+                if sequence.finished:
+                    continue
                 if isinstance(result, Exception):
-                    self._drop_draft(sequence)  # decoding goes on target-only
+                    self._on_draft_error(sequence, result)
                 else:
                     sequence.draft_prefilled = True
                     sequence.draft_cached = result
-        for group_results in results[: len(target_calls)]:
-            for sequence, verdict in group_results:
-                if isinstance(verdict, KVCacheFull) and len(self.running) > 1:
-                    self._requeue(sequence)  # back-pressure: try again when running sequences free blocks
-                elif isinstance(verdict, Exception):
-                    self._fail(sequence, verdict)
-                else:
-                    sequence.prefilled = True
-                    sequence.target_cached = verdict.num_cached
-                    self._commit(sequence, verdict, num_draft=None)
+
+    def _variant_pool(self, sequence: SequenceState) -> ReplicaPool | None:
+        """The sequence's draft variant, chosen by weight on first need and kept for the request's life."""
+        if not sequence.draft_variant:
+            pool = pick_variant(self.drafts, self._rng)
+            if pool is None:
+                return None
+            sequence.draft_variant = pool.name
+        return next((p for p in self.drafts if p.name == sequence.draft_variant), None)
 
     async def _round(self, sequences: list[SequenceState]) -> None:
         if not sequences:
@@ -238,8 +278,7 @@ class Coordinator:
         for group_results in await asyncio.gather(*propose_calls):
             for sequence, proposal in group_results:
                 if isinstance(proposal, Exception):
-                    log.warning("draft failed for %s: %s", sequence.handle, proposal)
-                    self._drop_draft(sequence)
+                    self._on_draft_error(sequence, proposal)  # this round goes on without proposals
                 else:
                     proposals[sequence] = proposal
         live = [s for s in sequences if not s.finished]
@@ -252,7 +291,7 @@ class Coordinator:
                 if sequence.finished:
                     continue
                 if isinstance(verdict, Exception):
-                    self._fail(sequence, verdict)
+                    self._on_target_error(sequence, verdict)
                     continue
                 proposal = proposals.get(sequence)
                 if proposal is not None:
@@ -262,6 +301,62 @@ class Coordinator:
                     sequence.bonus = verdict.num_accepted == len(proposal.token_ids) > 0
                 sequence.target_cached = verdict.num_cached
                 self._commit(sequence, verdict, num_draft=len(proposal.token_ids) if proposal else 0)
+
+    # ---- faults: lost replicas, lost worker state, KV pressure --------------------------------------------------
+
+    def _on_draft_error(self, sequence: SequenceState, error: Exception) -> None:
+        if isinstance(error, KVCacheFull):
+            return  # no proposals this round; the target decodes alone
+        pool = self._variant_pool(sequence)
+        if isinstance(error, Unavailable):
+            log.warning("draft %s unavailable: %s", sequence.draft.name if sequence.draft else "?", error)
+            if pool is not None and sequence.draft is not None:
+                pool.mark_down(sequence.draft)
+                pool.unpin(sequence.draft)
+            sequence.draft = None  # re-attached to another replica, or target-only until one returns
+            sequence.draft_prefilled = False
+        elif isinstance(error, UnknownSequence):
+            sequence.draft_prefilled = False  # the replica lost our KV (restart): run the tokens in again
+        else:
+            log.warning("draft failed for %s, decoding target-only: %s", sequence.handle, error)
+            self._drop_draft(sequence)
+            sequence.draft_disabled = True
+
+    def _on_target_error(self, sequence: SequenceState, error: Exception) -> None:
+        if isinstance(error, KVCacheFull) and len(self.running) + len(self.waiting) > 1:
+            # Back-pressure: recompute later, when others have freed blocks. A sequence alone always fits (the
+            # served context never exceeds the cache), so this cannot loop forever.
+            self._preempt(sequence)
+        elif isinstance(error, Unavailable):
+            log.warning("target %s unavailable: %s", sequence.target.name if sequence.target else "?", error)
+            if sequence.target is not None:
+                self.targets.mark_down(sequence.target)
+                self.targets.unpin(sequence.target)
+            sequence.target = None  # re-prefilled from the committed tokens on another target
+            sequence.prefilled = False
+        elif isinstance(error, UnknownSequence):
+            sequence.prefilled = False  # the replica lost our KV (restart): prefill it again there
+        else:
+            self._fail(sequence, error)
+
+    def _probe_down_replicas(self) -> None:
+        """Replicas marked down are asked to describe themselves every few seconds; an answer brings them back."""
+        now = time.monotonic()
+        if now - self._last_probe < self.config.probe_interval_seconds:
+            return
+        self._last_probe = now
+        for pool in [self.targets, *self.drafts]:
+            for replica in pool.replicas:
+                if replica.name in pool.down and hasattr(replica, "describe"):
+                    asyncio.get_running_loop().create_task(self._probe(pool, replica))
+
+    async def _probe(self, pool: ReplicaPool, replica) -> None:
+        try:
+            await replica.describe()
+        except Exception:
+            return
+        pool.down.discard(replica.name)
+        log.warning("replica %s is back", replica.name)
 
     def _verify_item(self, sequence: SequenceState, proposal) -> VerifyItem:
         item = VerifyItem(
@@ -326,9 +421,11 @@ class Coordinator:
             total_time=now - sequence.started,
             logprobs=sequence.logprobs if params.logprobs is not None else None,
             draft_variant=sequence.draft_variant,
+            preemptions=sequence.preemptions,
         )
         for observer in self.observers:
             observer(sequence, "finish")
+        self.telemetry.request_ended(sequence)
         sequence.events.put_nowait(result)
 
     def _fail(self, sequence: SequenceState, error: Exception) -> None:
@@ -339,13 +436,16 @@ class Coordinator:
         sequence.error = error
         for observer in self.observers:
             observer(sequence, "error")
+        self.telemetry.request_ended(sequence)
         sequence.events.put_nowait(error)
 
-    def _requeue(self, sequence: SequenceState) -> None:
+    def _preempt(self, sequence: SequenceState) -> None:
+        """Free the sequence's KV everywhere and queue it first in line; it resumes from its committed tokens."""
         self._unpin(sequence)
         self.running.remove(sequence)
         sequence.target = sequence.draft = None
-        sequence.draft_prefilled = False
+        sequence.prefilled = sequence.draft_prefilled = False
+        sequence.preemptions += 1
         self.waiting.appendleft(sequence)
 
     def _drop_draft(self, sequence: SequenceState) -> None:
@@ -388,7 +488,8 @@ class Coordinator:
     async def _call(self, client, method: str, items: list, sequences: list[SequenceState]):
         """One batched worker call; a failure of the whole call becomes that error for each of its sequences."""
         try:
-            results = await getattr(client, method)(items)
+            with self.telemetry.worker_call(client, method, items, sequences) as call:
+                results = call.results = await getattr(client, method)(items)
         except Exception as error:
             results = [error] * len(items)
         return list(zip(sequences, results))

@@ -58,6 +58,7 @@ class GenerationResult:
     total_time: float
     logprobs: list[TokenLogprob] | None = None
     draft_variant: str = ""
+    preemptions: int = 0                    # times KV pressure evicted it (it resumed from its committed tokens)
 
     @property
     def completion_tokens(self) -> int:

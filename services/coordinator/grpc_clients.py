@@ -10,6 +10,7 @@ from specsplit.services.errors import Unavailable
 from specsplit.services.rpc import worker_messages as msg
 from specsplit.services.rpc.server import MAX_MESSAGE_BYTES
 from specsplit.services.rpc.status_codes import error_from_rpc
+from specsplit.services.telemetry.trace_propagation import outgoing_metadata
 
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -39,11 +40,15 @@ class _GrpcWorkerClient:
     stub_class = None
     role = ""
 
-    def __init__(self, address: str, call_timeout: float = 60.0):
+    def __init__(self, address: str, call_timeout: float = 60.0, security=None):
         self.name = address
         self.address = address
         self.call_timeout = call_timeout
-        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        if security is not None and security.enabled:
+            options = CHANNEL_OPTIONS + security.options()
+            self.channel = grpc.aio.secure_channel(address, security.credentials(), options=options)
+        else:
+            self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self.stub = self.stub_class(self.channel)
         self.info: worker_pb2.WorkerInfo | None = None
 
@@ -78,7 +83,7 @@ class _GrpcWorkerClient:
 
     async def _call(self, method, request):
         try:
-            return await method(request, timeout=self.call_timeout)
+            return await method(request, timeout=self.call_timeout, metadata=outgoing_metadata())
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
 

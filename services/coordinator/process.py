@@ -9,7 +9,9 @@ from specsplit.services.coordinator.grpc_clients import GrpcDraftClient, GrpcTar
 from specsplit.services.coordinator.replica_pools import ReplicaPool
 from specsplit.services.coordinator.server import GenerationService
 from specsplit.services.errors import InvalidArgument
+from specsplit.services.rpc.security import BearerTokenInterceptor
 from specsplit.services.rpc.server import start_server
+from specsplit.services.telemetry.service_observability import observe_coordinator
 
 log = logging.getLogger(__name__)
 
@@ -27,10 +29,13 @@ def load_tokenizer(source: str | None):
     return AutoTokenizer.from_pretrained(path)
 
 
-async def connect_pools(target_addresses, draft_variants, connect_timeout):
+async def connect_pools(target_addresses, draft_variants, connect_timeout, security=None):
     """-> (target pool, draft pools); draft_variants is [(name, weight, [addresses])]."""
-    targets = [GrpcTargetClient(a) for spec in target_addresses for a in expand_address(spec)]
-    drafts = [(name, weight, [GrpcDraftClient(a) for spec in addrs for a in expand_address(spec)]) for name, weight, addrs in draft_variants]
+    targets = [GrpcTargetClient(a, security=security) for spec in target_addresses for a in expand_address(spec)]
+    drafts = [
+        (name, weight, [GrpcDraftClient(a, security=security) for spec in addrs for a in expand_address(spec)])
+        for name, weight, addrs in draft_variants
+    ]
     await asyncio.gather(*(c.connect(connect_timeout) for c in targets), *(c.connect(connect_timeout) for _, _, cs in drafts for c in cs))
     vocab = {c.vocab_size for c in targets}
     if len(vocab) != 1:
@@ -52,13 +57,26 @@ async def serve_coordinator(
     tokenizer: str | None = None,
     config: CoordinatorConfig | None = None,
     connect_timeout: float = 300.0,
+    metrics_port: int = -1,
+    draft_variants_file: str | None = None,
+    security=None,
+    worker_security=None,
+    auth_tokens: list[str] | None = None,
 ) -> None:
-    target_pool, draft_pools = await connect_pools(targets, draft_variants, connect_timeout)
+    target_pool, draft_pools = await connect_pools(targets, draft_variants, connect_timeout, worker_security)
     first = target_pool.replicas[0].info
     tok = load_tokenizer(tokenizer or first.model_path)
     coordinator = Coordinator(target_pool, draft_pools, tok, list(first.eos_token_ids), config)
-    service = GenerationService(coordinator)
-    server, bound, _ = await start_server(service.add_to, ["specsplit.v1.Generation"], host, port)
+    observability = observe_coordinator(coordinator, first.model, host, metrics_port)  # metrics_port < 0: none
+    if draft_variants_file:
+        from specsplit.services.coordinator.draft_variants_file import start_draft_variants_watcher
+
+        _, watching = await start_draft_variants_watcher(draft_variants_file, coordinator, connect_timeout, worker_security)
+    service = GenerationService(coordinator, variant_stats=observability.canary.to_pb)
+    interceptors = list(observability.interceptors)
+    if auth_tokens:
+        interceptors.insert(0, BearerTokenInterceptor(auth_tokens))
+    server, bound, _ = await start_server(service.add_to, ["specsplit.v1.Generation"], host, port, interceptors, security)
     print(f"specsplit coordinator listening on {host}:{bound}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -66,4 +84,7 @@ async def serve_coordinator(
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await server.stop(grace=2.0)
+    if draft_variants_file:
+        watching.cancel()
     await coordinator.close()
+    observability.close()

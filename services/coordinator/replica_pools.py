@@ -25,6 +25,9 @@ class ReplicaPool:
         self.load[replica.name] = self.load.get(replica.name, 0) + 1
         return replica
 
+    def mark_down(self, replica) -> None:
+        self.down.add(replica.name)
+
     def unpin(self, replica) -> None:
         if replica is not None and self.load.get(replica.name, 0) > 0:
             self.load[replica.name] -= 1

@@ -30,8 +30,11 @@ class SequenceState:
     draft: object | None = None           # the pinned draft replica (a DraftClient), None = target-only
     target_cached: int = 0
     draft_cached: int = 0
-    prefilled: bool = False
-    draft_prefilled: bool = False
+    prefilled: bool = False               # the target holds this sequence's KV
+    draft_prefilled: bool = False         # the draft holds it
+    draft_disabled: bool = False          # the draft cannot serve this sequence (e.g. too long for it): target-only
+    target_lost_since: float | None = None
+    preemptions: int = 0
     bonus: bool = False
     finished: bool = False
     finish_reason: str | None = None
@@ -41,6 +44,7 @@ class SequenceState:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     started: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
+    trace_span: object | None = None      # the request's span while it runs (None when tracing is off)
 
     @property
     def prompt_len(self) -> int:

@@ -5,27 +5,32 @@ from specsplit.services.draft.proposer import DraftProposer
 from specsplit.services.rpc import worker_messages as msg
 from specsplit.services.rpc.step_batcher import StepBatcher
 from specsplit.services.rpc.worker_info import worker_info
+from specsplit.services.telemetry.worker_telemetry import WorkerTelemetry
 
 
 class DraftService(worker_pb2_grpc.DraftWorkerServicer):
     def __init__(self, proposer: DraftProposer, model_name: str):
         self.proposer = proposer
         self.model_name = model_name
+        self.telemetry = WorkerTelemetry("draft", proposer.runner, proposer.sequences)
         self.batcher = StepBatcher(
-            {
+            self.telemetry.instrument({
                 "prefill": proposer.prefill,
                 "propose": proposer.propose,
                 "release": lambda handles: [proposer.sequences.release(h) for h in handles],
                 "expire": lambda ages: [proposer.sequences.release_idle(a) for a in ages],
-            },
+            }),
             name="draft",
         )
+        self.telemetry.watch(self.batcher)
 
     async def Prefill(self, request, context):
-        return msg.draft_prefill_response(await self.batcher.submit("prefill", msg.draft_prefill_items(request)))
+        items = self.telemetry.received(msg.draft_prefill_items(request), context)
+        return msg.draft_prefill_response(await self.batcher.submit("prefill", items))
 
     async def Propose(self, request, context):
-        return msg.propose_response(await self.batcher.submit("propose", msg.propose_items(request)))
+        items = self.telemetry.received(msg.propose_items(request), context)
+        return msg.propose_response(await self.batcher.submit("propose", items))
 
     async def Release(self, request, context):
         released = await self.batcher.submit("release", list(request.handles))

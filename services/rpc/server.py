@@ -21,15 +21,20 @@ SERVER_OPTIONS = [
 ]
 
 
-async def start_server(add_servicers, service_names: list[str], host: str, port: int, interceptors=()):
-    """Start a server with the given servicers plus health and reflection; returns (server, bound port, health)."""
+async def start_server(add_servicers, service_names: list[str], host: str, port: int, interceptors=(), security=None):
+    """Start a server with the given servicers plus health and reflection; returns (server, bound port, health).
+    `security` (a ServerSecurity) serves TLS, or mutual TLS when it names a client CA."""
     server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=list(interceptors))
     add_servicers(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = list(service_names) + [health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME]
     reflection.enable_server_reflection(names, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    credentials = security.credentials() if security is not None else None
+    if credentials is not None:
+        bound = server.add_secure_port(f"{host}:{port}", credentials)
+    else:
+        bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}")
     await server.start()

@@ -8,6 +8,7 @@ import sys
 from specsplit.services.models.loader import load_model
 from specsplit.services.rpc.server import start_server
 from specsplit.services.runtime.model_runner import ModelRunner
+from specsplit.services.telemetry.service_observability import observe_worker
 
 log = logging.getLogger(__name__)
 
@@ -26,9 +27,11 @@ def build_worker_service(role: str, model: str, dtype="float32", device="cpu", n
     return TargetService(TargetVerifier(runner), loaded.name), "specsplit.v1.TargetWorker"
 
 
-async def serve_worker(role: str, model: str, host: str, port: int, lease_seconds: float = 600.0, **model_options) -> None:
+async def serve_worker(role: str, model: str, host: str, port: int, lease_seconds: float = 600.0, metrics_port: int = -1,
+                       security=None, **model_options) -> None:
     service, service_name = build_worker_service(role, model, **model_options)
-    server, bound, _ = await start_server(service.add_to, [service_name], host, port)
+    observability = observe_worker(role, service, host, metrics_port)  # metrics_port < 0: none
+    server, bound, _ = await start_server(service.add_to, [service_name], host, port, security=security)
     print(f"specsplit {role} listening on {host}:{bound}", flush=True)
     sys.stdout.flush()
     stop = asyncio.Event()
@@ -49,3 +52,4 @@ async def serve_worker(role: str, model: str, host: str, port: int, lease_second
     expirer.cancel()
     await server.stop(grace=2.0)
     service.batcher.stop()
+    observability.close()

@@ -14,6 +14,7 @@ from specsplit.services.kv.block_manager import BlockManager, BlockTable
 from specsplit.services.kv.paged_cache import PagedKVCache
 from specsplit.services.models.loader import LoadedModel
 from specsplit.services.runtime.attention_metadata import AttentionMetadata
+from specsplit.services.runtime.host_transfer import to_device
 
 
 @dataclass
@@ -61,9 +62,13 @@ class ModelRunner:
                 errors.append(error)
         return errors
 
-    @torch.inference_mode()
     def forward(self, items: list[ForwardItem]) -> list[torch.Tensor]:
         """Run items whose slots are already reserved. Returns each item's logits [num_logits, vocab] (float32)."""
+        return list(self.forward_flat(items).split([item.num_logits for item in items]))
+
+    @torch.inference_mode()
+    def forward_flat(self, items: list[ForwardItem]) -> torch.Tensor:
+        """Like `forward`, but all items' logits rows in one [sum(num_logits), vocab] tensor, in item order."""
         # Where each item's new tokens start inside its (already extended) table.
         starts = [item.table.num_tokens - len(item.token_ids) for item in items]
         done = [0] * len(items)
@@ -83,13 +88,12 @@ class ModelRunner:
                 if rows is not None:
                     pieces[i].append(rows)
                 done[i] += take
-        logits_rows = []
-        for item, parts in zip(items, pieces):
-            if item.num_logits == 0:
-                logits_rows.append(torch.empty(0, self.vocab_size, device=self.device))
-            else:
-                logits_rows.append(self.model.compute_logits(torch.cat(parts)))
-        return logits_rows
+        # One vocabulary projection for every row that needs logits (the head is the largest single matmul: one
+        # launch reads its weight once instead of once per sequence).
+        rows = [part for parts in pieces for part in parts]
+        if not rows:
+            return torch.empty(0, self.vocab_size, device=self.device)
+        return self.model.compute_logits(torch.cat(rows) if len(rows) > 1 else rows[0])
 
     def _forward_chunk(self, items, starts, chunk) -> list[torch.Tensor | None]:
         token_ids, positions, slots, seq_lens, query_lens, tables = [], [], [], [], [], []
@@ -107,16 +111,16 @@ class ModelRunner:
         width = max(len(t) for t in tables)
         dev = self.device
         meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_tables=torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.int32, device=dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            query_start_loc=torch.tensor([0] + _cumsum(query_lens), dtype=torch.int32, device=dev),
+            slot_mapping=to_device(slots, torch.int64, dev),
+            block_tables=to_device([t + [-1] * (width - len(t)) for t in tables], torch.int32, dev),
+            seq_lens=to_device(seq_lens, torch.int32, dev),
+            query_start_loc=to_device([0] + _cumsum(query_lens), torch.int32, dev),
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
         )
         hidden = self.model(
-            torch.tensor(token_ids, dtype=torch.int64, device=dev),
-            torch.tensor(positions, dtype=torch.int64, device=dev),
+            to_device(token_ids, torch.int64, dev),
+            to_device(positions, torch.int64, dev),
             meta,
             self.cache.layers,
         )

@@ -2,14 +2,25 @@
 
 import torch
 
+from specsplit.services.runtime.host_transfer import to_device
 from specsplit.services.runtime.worker_sequences import WorkerSampling
+from specsplit.services.sampling.logits_processing import SamplingFlags
 
 
 def sampling_tensors(rows: list[WorkerSampling], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> temperature [N] f32, top_k [N] i64, top_p [N] f32, seeds [N] i64."""
     return (
-        torch.tensor([r.temperature for r in rows], dtype=torch.float32, device=device),
-        torch.tensor([r.top_k for r in rows], dtype=torch.int64, device=device),
-        torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=device),
-        torch.tensor([r.seed for r in rows], dtype=torch.int64, device=device),
+        to_device([r.temperature for r in rows], torch.float32, device),
+        to_device([r.top_k for r in rows], torch.int64, device),
+        to_device([r.top_p for r in rows], torch.float32, device),
+        to_device([r.seed for r in rows], torch.int64, device),
+    )
+
+
+def sampling_flags(rows: list[WorkerSampling], vocab_size: int) -> SamplingFlags:
+    """Which processing steps the batch needs, decided on the host (reading it back from the GPU would stall)."""
+    return SamplingFlags(
+        top_k=any(0 < r.top_k < vocab_size for r in rows),
+        top_p=any(r.top_p < 1.0 for r in rows),
+        greedy=any(r.temperature == 0 for r in rows),
     )

@@ -4,21 +4,37 @@ Greedy rows (temperature 0) become one-hot at the argmax, which makes greedy dec
 rejection sampler (see kernels/rejection_sampling.py).
 """
 
+from dataclasses import dataclass
+
 import torch
 
 
+@dataclass(frozen=True)
+class SamplingFlags:
+    """Whether any row of a batch uses top-k, top-p or greedy: known on the host, so no GPU read-back is needed."""
+    top_k: bool
+    top_p: bool
+    greedy: bool
+
+
 def processed_probs(
-    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+    flags: SamplingFlags | None = None,
 ) -> torch.Tensor:
     """logits [N, V] float32; temperature/top_p [N] float; top_k [N] int (0 = off) -> probs [N, V] float32."""
     greedy = temperature == 0
     scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
-    needs_top_k = bool(((top_k > 0) & (top_k < logits.shape[-1])).any())
-    needs_top_p = bool((top_p < 1.0).any())
+    if flags is None:  # read the flags from the tensors (a device sync on a GPU)
+        flags = SamplingFlags(
+            top_k=bool(((top_k > 0) & (top_k < logits.shape[-1])).any()),
+            top_p=bool((top_p < 1.0).any()),
+            greedy=bool(greedy.any()),
+        )
+    needs_top_k, needs_top_p = flags.top_k, flags.top_p
     if needs_top_k or needs_top_p:
         scaled = _mask_top_k_top_p(scaled, top_k, top_p, needs_top_k, needs_top_p)
     probs = torch.softmax(scaled, dim=-1)
-    if bool(greedy.any()):
+    if flags.greedy:
         one_hot = torch.zeros_like(probs)
         one_hot.scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
         probs = torch.where(greedy[:, None], one_hot, probs)

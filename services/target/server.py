@@ -5,21 +5,24 @@ from specsplit.services.rpc import worker_messages as msg
 from specsplit.services.rpc.step_batcher import StepBatcher
 from specsplit.services.rpc.worker_info import worker_info
 from specsplit.services.target.verifier import TargetVerifier
+from specsplit.services.telemetry.worker_telemetry import WorkerTelemetry
 
 
 class TargetService(worker_pb2_grpc.TargetWorkerServicer):
     def __init__(self, verifier: TargetVerifier, model_name: str):
         self.verifier = verifier
         self.model_name = model_name
+        self.telemetry = WorkerTelemetry("target", verifier.runner, verifier.sequences)
         self.batcher = StepBatcher(
-            {
+            self.telemetry.instrument({
                 "prefill": verifier.prefill,
                 "verify": self._verify,
                 "release": lambda handles: [verifier.sequences.release(h) for h in handles],
                 "expire": lambda ages: [verifier.sequences.release_idle(a) for a in ages],
-            },
+            }),
             name="target",
         )
+        self.telemetry.watch(self.batcher)
 
     def _verify(self, items: list) -> list:
         """Items that failed to decode stay errors; the rest verify as one batch."""
@@ -28,10 +31,12 @@ class TargetService(worker_pb2_grpc.TargetWorkerServicer):
         return [i if isinstance(i, Exception) else next(verdicts) for i in items]
 
     async def Prefill(self, request, context):
-        return msg.verify_response(await self.batcher.submit("prefill", msg.target_prefill_items(request)))
+        items = self.telemetry.received(msg.target_prefill_items(request), context)
+        return msg.verify_response(await self.batcher.submit("prefill", items))
 
     async def Verify(self, request, context):
-        return msg.verify_response(await self.batcher.submit("verify", msg.verify_items(request)))
+        items = self.telemetry.received(msg.verify_items(request), context)
+        return msg.verify_response(await self.batcher.submit("verify", items))
 
     async def Release(self, request, context):
         released = await self.batcher.submit("release", list(request.handles))

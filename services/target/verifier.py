@@ -16,9 +16,11 @@ from specsplit.kernels.dispatch import counter_uniform, rejection_sample
 from specsplit.services.errors import InvalidArgument
 from specsplit.services.runtime.model_runner import ForwardItem, ModelRunner
 from specsplit.services.runtime.worker_sequences import WorkerSampling, WorkerSequences
-from specsplit.services.sampling.batch_sampling import sampling_tensors
+from specsplit.services.runtime.host_transfer import to_device, to_host
+from specsplit.services.sampling.batch_sampling import sampling_flags, sampling_tensors
 from specsplit.services.sampling.logits_processing import processed_probs
 from specsplit.services.sampling.logprobs import TokenLogprob, token_logprobs
+from specsplit.services.target.synthetic_acceptance import check_alpha, synthetic_accept, warn_enabled
 
 
 @dataclass
@@ -49,10 +51,15 @@ class Verdict:
 
 
 class TargetVerifier:
-    def __init__(self, runner: ModelRunner, max_speculative_tokens: int = 16):
+    def __init__(self, runner: ModelRunner, max_speculative_tokens: int = 16, synthetic_acceptance: float | None = None):
+        """`synthetic_acceptance`: BENCHMARK ONLY, not lossless (see synthetic_acceptance.py); None in serving."""
         self.runner = runner
         self.sequences = WorkerSequences(runner)
         self.max_speculative_tokens = max_speculative_tokens
+        self.synthetic_acceptance = None
+        if synthetic_acceptance is not None:
+            self.synthetic_acceptance = check_alpha(synthetic_acceptance)
+            warn_enabled(self.synthetic_acceptance, "the target verifier")
 
     def prefill(self, items: list[TargetPrefill]) -> list[Verdict | Exception]:
         """Create sequences, run their prompts, and sample each one's first token."""
@@ -101,7 +108,7 @@ class TargetVerifier:
                 runnable.append((i, fi))
         if not runnable:
             return results
-        logits = self.runner.forward([fi for _, fi in runnable])
+        logits = self.runner.forward_flat([fi for _, fi in runnable])
         for (i, _), verdict in zip(runnable, self._decide([items[i] for i, _ in runnable], [fi for _, fi in runnable], logits)):
             results[i] = verdict
         return results
@@ -129,49 +136,68 @@ class TargetVerifier:
         if item.cached_len + len(item.delta) + k > self.runner.max_model_len:
             raise InvalidArgument(f"sequence would exceed the target's context of {self.runner.max_model_len}")
 
-    def _decide(self, items: list[VerifyItem], forward: list[ForwardItem], logits: list[torch.Tensor]) -> list[Verdict]:
-        device = logits[0].device
+    def _decide(self, items: list[VerifyItem], forward: list[ForwardItem], all_logits: torch.Tensor) -> list[Verdict]:
+        """all_logits: [sum(k + 1), vocab], the items' rows in order. One device-to-host wait for the whole batch."""
+        device = all_logits.device
         sequences = [self.sequences.get(item.handle) for item in items]
         num_draft = [len(item.draft_token_ids) for item in items]
         # Absolute position decided by each target row: committed length + row index.
         committed_lens = [fi.table.num_tokens - k for fi, k in zip(forward, num_draft)]
         row_params = [s.sampling for s, k in zip(sequences, num_draft) for _ in range(k + 1)]
         temperature, top_k, top_p, seeds = sampling_tensors(row_params, device)
-        all_logits = torch.cat(logits)
-        probs = processed_probs(all_logits, temperature, top_k, top_p)
-        row_positions = torch.tensor(
-            [length + j for length, k in zip(committed_lens, num_draft) for j in range(k + 1)], device=device
+        probs = processed_probs(all_logits, temperature, top_k, top_p, sampling_flags(row_params, self.runner.vocab_size))
+        row_positions = to_device(
+            [length + j for length, k in zip(committed_lens, num_draft) for j in range(k + 1)], torch.int64, device
         )
         sample_u = counter_uniform(seeds, row_positions, STREAM_SAMPLE)
-        draft_mask = torch.tensor([j < k for k in num_draft for j in range(k + 1)], device=device)
-        accept_u = counter_uniform(seeds[draft_mask], row_positions[draft_mask], STREAM_ACCEPT)
+        draft_rows = to_device([r for r, (k, j) in enumerate((k, j) for k in num_draft for j in range(k + 1)) if j < k],
+                               torch.int64, device)
+        draft_ids = to_device([t for item in items for t in item.draft_token_ids], torch.int64, device)
 
-        support = max([item.q_token_ids.shape[1] for item in items if item.draft_token_ids] or [1])
-        q_ids = torch.cat([_pad(item.q_token_ids, k, support, torch.int64, device) for item, k in zip(items, num_draft)])
-        q_probs = torch.cat([_pad(item.q_probs, k, support, torch.float32, device) for item, k in zip(items, num_draft)])
-        draft_ids = torch.tensor([t for item in items for t in item.draft_token_ids], dtype=torch.int64, device=device)
-        cu = torch.tensor([0] + _cumsum(num_draft), dtype=torch.int64, device=device)
-        output, num_accepted = rejection_sample(probs, draft_ids, q_ids, q_probs, cu, accept_u, sample_u)
+        if self.synthetic_acceptance is not None:  # benchmark only: the accept decision is a biased coin
+            output, num_accepted = synthetic_accept(self.synthetic_acceptance, probs, draft_ids, num_draft,
+                                                    seeds[draft_rows], row_positions[draft_rows], sample_u)
+        else:
+            accept_u = counter_uniform(seeds[draft_rows], row_positions[draft_rows], STREAM_ACCEPT)
+            support = max([item.q_token_ids.shape[1] for item in items if item.draft_token_ids] or [1])
+            # q arrives on the host (from the wire or the proposer): pad and stack there, then one copy.
+            q_ids = torch.cat([_pad(item.q_token_ids, k, support, torch.int64) for item, k in zip(items, num_draft)])
+            q_probs = torch.cat([_pad(item.q_probs, k, support, torch.float32) for item, k in zip(items, num_draft)])
+            q_ids, q_probs = _on(q_ids, device), _on(q_probs, device)
+            cu = to_device([0] + _cumsum(num_draft), torch.int64, device)
+            output, num_accepted = rejection_sample(probs, draft_ids, q_ids, q_probs, cu, accept_u, sample_u,
+                                                    max_num_draft=max(num_draft, default=0))
+        output, num_accepted = to_host(output, num_accepted)
         output, num_accepted = output.tolist(), num_accepted.tolist()
 
         verdicts = []
-        for b, (item, sequence, length, seq_logits) in enumerate(zip(items, sequences, committed_lens, logits)):
+        row = 0
+        for b, (item, sequence, length, k) in enumerate(zip(items, sequences, committed_lens, num_draft)):
             n_acc = num_accepted[b]
             emitted = output[b][: n_acc + 1]
             # Rejected proposals leave the KV: it now holds every committed token but the newest.
             self.runner.block_manager.truncate(sequence.table, length + n_acc)
-            lp = token_logprobs(seq_logits[: n_acc + 1], emitted, item.logprobs) if item.logprobs is not None else None
+            lp = None
+            if item.logprobs is not None:
+                lp = token_logprobs(all_logits[row : row + n_acc + 1], emitted, item.logprobs)
             verdicts.append(Verdict(n_acc, emitted, lp, sequence.table.num_tokens))
+            row += k + 1
         return verdicts
 
 
-def _pad(tensor, rows, width, dtype, device):
+def _pad(tensor, rows, width, dtype):
     if rows == 0:
-        return torch.zeros(0, width, dtype=dtype, device=device)
-    tensor = tensor.to(device=device, dtype=dtype)
+        return torch.zeros(0, width, dtype=dtype)
+    tensor = tensor.to(device="cpu", dtype=dtype)
     if tensor.shape[1] == width:
         return tensor
-    return torch.cat([tensor, torch.zeros(rows, width - tensor.shape[1], dtype=dtype, device=device)], dim=1)
+    return torch.cat([tensor, torch.zeros(rows, width - tensor.shape[1], dtype=dtype)], dim=1)
+
+
+def _on(tensor: torch.Tensor, device) -> torch.Tensor:
+    if torch.device(device).type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def _cumsum(values):

@@ -49,4 +49,26 @@ VALUE_SETS: dict[str, dict] = {
         "image": {"tag": "0.1.0-cu130", "digest": "sha256:" + "ab" * 32},
     },
     "no-speculative-deployment": {"speculativeDeployment": {"enabled": False}},
+    # Mutual TLS inside, TLS and bearer tokens on the public port, a private registry; Secrets made beforehand.
+    "tls-auth-private-registry": {
+        "tls": {"enabled": True, "secretName": "specsplit-grpc-tls", "serverName": "specsplit-workers.ml.svc"},
+        "coordinator": {"tls": {"enabled": True, "secretName": "specsplit-public-tls"},
+                        "auth": {"enabled": True, "tokenSecretName": "specsplit-api-tokens"}},
+        "imagePullSecrets": [{"name": "registry-credentials"}],
+        "canary": {"enabled": True, "model": "qwen2.5-coder-1.5b-instruct"},
+    },
+    # Pools spread over zones / pinned by node affinity, with their own environment; the canary follows draft.
+    "affinity-and-env": {
+        "target": {"affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                       {"weight": 100, "podAffinityTerm": {
+                           "topologyKey": "topology.kubernetes.io/zone",
+                           "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "target"}}}}]}},
+                   "extraEnv": [{"name": "NCCL_DEBUG", "value": "INFO"},
+                                {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]},
+        "draft": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                      "nodeSelectorTerms": [{"matchExpressions": [
+                          {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-L4"]}]}]}}},
+                  "extraEnv": [{"name": "OTEL_SERVICE_NAME", "value": "coder-proposer"}]},
+        "canary": {"enabled": True, "model": "qwen2.5-coder-1.5b-instruct"},
+    },
 }

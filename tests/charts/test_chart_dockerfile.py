@@ -40,6 +40,21 @@ def test_runs_as_a_fixed_non_root_user():
     assert "--uid 10001" in setup and "--gid 10001" in setup
 
 
+def test_every_pod_runs_as_the_images_user():
+    """The pods' fixed uid is the image's (it owns /models there): the chart's pods and the operator's."""
+    from chart_render import pod_templates, render
+    from specsplit.operator.manifests import RUN_AS_USER
+
+    (user,) = [args for op, args in final_stage() if op == "USER"]
+    uid, gid = (int(part) for part in user.split(":"))
+    assert RUN_AS_USER == uid == gid
+    pods = pod_templates(render())
+    assert len(pods) == 4  # the operator, the coordinator, target and draft
+    for name, template in pods.items():
+        context = template["spec"]["securityContext"]
+        assert (context["runAsUser"], context["runAsGroup"], context["fsGroup"]) == (uid, gid, gid), name
+
+
 def test_entry_point_cache_and_no_docker_healthcheck():
     stage = final_stage()
     assert ("ENTRYPOINT", '["specsplit"]') in stage

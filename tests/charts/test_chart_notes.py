@@ -44,3 +44,22 @@ def test_notes_follow_the_values():
     assert "canary  qwen2.5-coder-1.5b-instruct" in notes(VALUE_SETS["canary-on"])
     without = notes(VALUE_SETS["no-speculative-deployment"])
     assert "port-forward" not in without and "speculativeDeployment.enabled=false" in without
+
+
+def test_notes_follow_tls_and_tokens_on_the_public_port():
+    from specsplit.cli import build_parser
+
+    secured = {"coordinator": {"tls": {"enabled": True, "secretName": "public-tls"},
+                               "auth": {"enabled": True, "tokenSecretName": "api-tokens"}}}
+    text = notes(secured)
+    assert "kubectl -n ml get secret public-tls -o jsonpath='{.data.ca\\.crt}' | base64 -d > ca.crt" in text
+    assert "export SPECSPLIT_TOKEN=$(kubectl -n ml get secret api-tokens -o jsonpath='{.data.tokens}'" in text
+    args = build_parser().parse_args(_command(text, "specsplit generate")[1:])
+    assert args.server == "localhost:50051" and args.tls_ca == "ca.crt"  # the token comes from $SPECSPLIT_TOKEN
+    grpcurl = _command(text, "grpcurl -cacert")
+    assert "-plaintext" not in grpcurl
+    assert grpcurl[grpcurl.index("-servername") + 1] == "coder-specsplit"
+    assert grpcurl[grpcurl.index("-H") + 1] == "authorization: Bearer $SPECSPLIT_TOKEN"
+    tokens_only = notes({"coordinator": {"auth": {"enabled": True, "tokenSecretName": "api-tokens"}}})
+    assert "ca.crt" not in tokens_only
+    assert _command(tokens_only, "grpcurl -plaintext -H")[3] == "authorization: Bearer $SPECSPLIT_TOKEN"

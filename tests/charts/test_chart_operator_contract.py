@@ -117,8 +117,9 @@ def test_undeclared_field_check_can_fail():
 
     (crd,) = crd_documents("speculativedeployment.yaml")
     spec_schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    found = list(_undeclared_fields({"target": {"model": "m", "affinity": {}}, "tls": {}}, spec_schema, "spec"))
-    assert found == ["spec.target.affinity", "spec.tls"]
+    found = list(_undeclared_fields({"target": {"model": "m", "podAnnotations": {}, "env": [{"name": "A", "from": 1}]},
+                                     "ingress": {}}, spec_schema, "spec"))
+    assert found == ["spec.target.podAnnotations", "spec.target.env[0].from", "spec.ingress"]
 
 
 def test_speculative_deployment_carries_the_values():

@@ -51,19 +51,32 @@ def test_operator_built_deployments_are_valid_for_kubernetes(value_set):
         kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
 
 
+def _serves_tls(values: dict, component: str) -> bool:
+    if component == "coordinator":
+        return values.get("coordinator", {}).get("tls", {}).get("enabled", False)
+    return values.get("tls", {}).get("enabled", False)
+
+
 @pytest.mark.parametrize("value_set", [name for name in VALUE_SETS if name != "no-speculative-deployment"])
-def test_worker_pods_are_probed_over_grpc_health(value_set):
+def test_worker_pods_are_probed_over_grpc_health_or_tcp_under_tls(value_set):
+    """Kubernetes' grpc probe speaks plaintext only: a port serving TLS is probed by a TCP connect instead."""
     for name, template in pod_templates(render(VALUE_SETS[value_set])).items():
         if _component(template) not in WORKERS:
             continue
         (container,) = template["spec"]["containers"]
+        handler = "tcpSocket" if _serves_tls(VALUE_SETS[value_set], _component(template)) else "grpc"
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert container[probe]["grpc"]["port"] == 50051, f"{name}: {probe}"
+            assert container[probe][handler] == {"port": 50051}, f"{name}: {probe}"
+            assert {"grpc", "tcpSocket"} & set(container[probe]) == {handler}, f"{name}: {probe}"
         assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"grpc": 50051, "metrics": 9090}
 
 
 def _by_component(value_set: str) -> dict[str, dict]:
-    return {_component(t): t["spec"] for t in pod_templates(render(VALUE_SETS[value_set])).values()}
+    return _by_component_of(VALUE_SETS[value_set])
+
+
+def _by_component_of(values: dict) -> dict[str, dict]:
+    return {_component(t): t["spec"] for t in pod_templates(render(values)).values()}
 
 
 def test_operator_pod_runs_kopf_with_a_liveness_endpoint():
@@ -146,3 +159,69 @@ def test_otlp_endpoint_and_pinned_image_reach_every_pod():
 def test_image_tag_defaults_to_the_chart_app_version():
     images = {pod["containers"][0]["image"] for pod in _by_component("defaults").values()}
     assert images == {"ghcr.io/specsplit/specsplit:0.1.0"}
+
+
+def _args(container: dict) -> dict[str, str]:
+    """A pod command's --flag VALUE pairs."""
+    command = container["command"]
+    return {flag: value for flag, value in zip(command, command[1:]) if flag.startswith("--")}
+
+
+def test_tls_tokens_and_pull_secrets_reach_every_pod():
+    values = VALUE_SETS["tls-auth-private-registry"]
+    pods = _by_component("tls-auth-private-registry")
+    assert set(pods) == {"operator", "coordinator", "target", "draft", "draft-canary"}
+    for role, pod in pods.items():
+        assert pod["imagePullSecrets"] == [{"name": "registry-credentials"}], role
+    internal = {"name": "tls", "mountPath": "/etc/specsplit/tls", "readOnly": True}
+    for role in ("target", "draft", "draft-canary"):
+        (container,) = pods[role]["containers"]
+        volumes = {v["name"]: v for v in pods[role]["volumes"]}
+        assert volumes["tls"]["secret"]["secretName"] == values["tls"]["secretName"], role
+        assert internal in container["volumeMounts"], role
+        assert _args(container)["--tls-cert"] == "/etc/specsplit/tls/tls.crt"
+        assert _args(container)["--tls-key"] == "/etc/specsplit/tls/tls.key"
+        assert _args(container)["--tls-client-ca"] == "/etc/specsplit/tls/ca.crt"  # mutual by default
+    coordinator = pods["coordinator"]
+    (container,) = coordinator["containers"]
+    volumes = {v["name"]: v["secret"]["secretName"] for v in coordinator["volumes"] if "secret" in v}
+    assert volumes == {"tls": "specsplit-grpc-tls", "public-tls": "specsplit-public-tls",
+                       "auth-tokens": "specsplit-api-tokens"}
+    assert internal in container["volumeMounts"]
+    expected = {
+        "--worker-tls-ca": "/etc/specsplit/tls/ca.crt", "--worker-tls-cert": "/etc/specsplit/tls/tls.crt",
+        "--worker-tls-key": "/etc/specsplit/tls/tls.key", "--worker-tls-server-name": "specsplit-workers.ml.svc",
+        "--tls-cert": "/etc/specsplit/public-tls/tls.crt", "--tls-key": "/etc/specsplit/public-tls/tls.key",
+        "--auth-token-file": "/etc/specsplit/auth/tokens"}
+    assert {flag: _args(container).get(flag) for flag in expected} == expected
+    # Without TLS nothing of it is there.
+    for role, pod in _by_component("defaults").items():
+        assert not [v for v in pod["volumes"] if "secret" in v], role
+        assert "imagePullSecrets" not in pod, role
+        assert not [arg for arg in pod["containers"][0]["command"] if "tls" in arg or "auth" in arg], role
+
+
+def test_one_way_tls_gives_the_workers_no_client_ca():
+    pods = _by_component_of({"tls": {"enabled": True, "secretName": "grpc-tls", "mutual": False}})
+    assert "--tls-client-ca" not in pods["target"]["containers"][0]["command"]
+    coordinator_args = _args(pods["coordinator"]["containers"][0])
+    assert coordinator_args["--worker-tls-ca"] == "/etc/specsplit/tls/ca.crt"
+    assert "--worker-tls-cert" not in coordinator_args and "--worker-tls-server-name" not in coordinator_args
+
+
+def test_each_pool_gets_its_affinity_and_env_and_the_canary_the_drafts():
+    values = VALUE_SETS["affinity-and-env"]
+    pods = _by_component("affinity-and-env")
+    assert pods["target"]["affinity"] == values["target"]["affinity"]
+    assert pods["draft"]["affinity"] == pods["draft-canary"]["affinity"] == values["draft"]["affinity"]
+    assert "affinity" not in pods["coordinator"]
+
+    def env(role):
+        return pods[role]["containers"][0]["env"]
+
+    assert env("target")[-2:] == values["target"]["extraEnv"]
+    assert env("draft")[-1] == env("draft-canary")[-1] == {"name": "OTEL_SERVICE_NAME", "value": "coder-proposer"}
+    for role in ("draft", "draft-canary"):  # the pool's value replaces the operator's, once
+        assert [e for e in env(role) if e["name"] == "OTEL_SERVICE_NAME"] == [env(role)[-1]], role
+    assert not [e for e in env("coordinator") if e["name"] in ("NCCL_DEBUG", "HF_TOKEN")]
+

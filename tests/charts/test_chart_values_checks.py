@@ -31,6 +31,17 @@ SCHEMA_REJECTIONS = {
                               "at '/target/autoscaling/kvUtilization': maximum: got 1.5, want 1"),
     "bad OTLP endpoint": ({"otel": {"endpoint": "otel-collector:4317"}},
                           "at '/otel/endpoint': 'otel-collector:4317' does not match pattern"),
+    "env without a name": ({"draft": {"extraEnv": [{"value": "1"}]}},
+                           "at '/draft/extraEnv/0': missing property 'name'"),
+    "env from two sources": ({"draft": {"extraEnv": [{"name": "A", "valueFrom": {
+        "fieldRef": {"fieldPath": "spec.nodeName"}, "secretKeyRef": {"name": "s", "key": "k"}}}]}},
+        "at '/draft/extraEnv/0/valueFrom': maxProperties: got 2, want 1"),
+    "misspelt affinity term": ({"target": {"affinity": {"podAntiAffinity": {"requiredDuringScheduling": []}}}},
+                               "at '/target/affinity/podAntiAffinity': additional properties "
+                               "'requiredDuringScheduling' not allowed"),
+    "TLS secret name not a name": ({"tls": {"enabled": True, "secretName": "Grpc_TLS"}},
+                                   "at '/tls/secretName': 'Grpc_TLS' does not match pattern"),
+    "pull secret without a name": ({"imagePullSecrets": [{}]}, "at '/imagePullSecrets/0': missing property 'name'"),
 }
 
 TEMPLATE_REJECTIONS = {
@@ -49,12 +60,18 @@ TEMPLATE_REJECTIONS = {
                              "canary.model (qwen2.5-coder-0.5b-instruct) is the same as draft.model"),
     "canary weight above its maximum": ({"canary": {"enabled": True, "model": "m", "weight": 60}},
                                         "canary.weight (60) must not exceed canary.promotion.maxWeight (50)"),
-    # The operator has no field to carry these to its pods yet: refused rather than silently dropped.
-    "TLS on": ({"tls": {"enabled": True, "secretName": "specsplit-grpc-tls"}},
-               "leave unset: tls.enabled (no spec field takes the TLS secret to the pods)"),
-    "affinity and env": ({"target": {"affinity": {"nodeAffinity": {}}},
-                          "draft": {"extraEnv": [{"name": "NCCL_DEBUG", "value": "INFO"}]}},
-                         "leave unset: target.affinity (no spec.target.affinity); draft.extraEnv (no spec.draft.env)"),
+    # Switched on without the Secret to use: refused rather than running without TLS or tokens.
+    "TLS without its Secret": ({"tls": {"enabled": True}},
+                               "enabled without the Secret to use, set: tls.secretName"),
+    "public TLS and tokens without their Secrets": (
+        {"coordinator": {"tls": {"enabled": True}, "auth": {"enabled": True}}},
+        "enabled without the Secret to use, set: coordinator.tls.secretName (a Secret with tls.crt and tls.key); "
+        "coordinator.auth.tokenSecretName (a Secret with the key tokens)"),
+    "env with a value and a source": (
+        {"target": {"extraEnv": [{"name": "NCCL_DEBUG", "value": "INFO"},
+                                 {"name": "NODE", "value": "x",
+                                  "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]}},
+        "target.extraEnv[1] (NODE): set value or valueFrom, not both"),
     "operator not watching the release namespace": (
         {"operator": {"watchNamespaces": ["other"]}},
         "operator.watchNamespaces (other) leaves out the release namespace ml, where the chart creates its "
@@ -88,3 +105,7 @@ def test_the_same_values_pass_when_consistent():
     render({"canary": {"enabled": True, "model": "qwen2.5-coder-1.5b-instruct", "weight": 50}})
     render({"image": {"tag": "v0.1.0"}})
     render({"operator": {"serviceAccount": {"create": False, "name": "existing"}}})
+    render({"tls": {"enabled": True, "secretName": "grpc-tls"}})
+    render({"coordinator": {"tls": {"enabled": True, "secretName": "public-tls"},
+                            "auth": {"enabled": True, "tokenSecretName": "api-tokens"}}})
+    render({"target": {"extraEnv": [{"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]}})

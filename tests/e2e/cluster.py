@@ -1,5 +1,6 @@
 """Real service processes on loopback for end-to-end tests: workers and coordinators started with the CLI."""
 
+import os
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,13 +16,21 @@ class Cluster:
         self.processes: dict[str, subprocess.Popen] = {}
         self.addresses: dict[str, str] = {}
 
-    def start(self, specs: dict[str, list[str]]) -> None:
-        """Start named services in parallel: {name: specsplit argv}."""
+    def start(self, specs: dict[str, list[str]], env: dict[str, str] | None = None) -> None:
+        """Start named services in parallel: {name: specsplit argv}, with `env` added to this process's."""
+        environment = {**os.environ, **env} if env else None
         with ThreadPoolExecutor(len(specs)) as pool:
-            started = dict(zip(specs, pool.map(lambda argv: spawn_service(argv), specs.values())))
+            started = dict(zip(specs, pool.map(lambda argv: spawn_service(argv, environment), specs.values())))
         for name, (process, address) in started.items():
             self.processes[name] = process
             self.addresses[name] = address
+
+    def metrics_url(self, name: str) -> str:
+        """http://HOST:PORT of a service started with --metrics-port (it prints where before listening)."""
+        for line in self.processes[name].startup_lines:
+            if " metrics on " in line:
+                return line.rsplit(" ", 1)[-1].removesuffix("/metrics")
+        raise LookupError(f"{name} serves no metrics")
 
     def worker_info(self, name: str) -> worker_pb2.WorkerInfo:
         with grpc.insecure_channel(self.addresses[name]) as channel:

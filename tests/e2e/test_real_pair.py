@@ -36,7 +36,7 @@ def test_real_pair_greedy_through_services_matches_transformers(real_pair):
         ]
     del model
 
-    serve, address = spawn_service(["serve", "--target", str(target_dir), "--draft", str(draft_dir), "--port", "0", "-k", "4"])
+    serve, address = spawn_service(["serve", "--target", str(target_dir), "--draft", str(draft_dir), "--port", "0", "--metrics-port", "0", "-k", "4"])
     try:
         with Client(address, timeout=600) as client:
             results = [client.generate(ids, max_tokens=MAX_TOKENS) for ids in prompt_ids]

@@ -74,7 +74,7 @@ def test_pod_commands_follow_the_cli_contract() -> None:
         "specsplit", "draft", "--model", "draft-v2", "--port", "50051", "--metrics-port", "9090"]
     assert container(built[("Deployment", "coder-coordinator")])["command"] == [
         "specsplit", "coordinator", "--target", "coder-target:50051",
-        "--draft-variants-file", "/etc/specsplit/draft-variants.json",
+        "--draft-variants-file", "/etc/specsplit/config/draft-variants.json",
         "--port", "50051", "--metrics-port", "9090", "--num-speculative-tokens", "6"]
 
 
@@ -121,7 +121,8 @@ def test_coordinator_mounts_the_variants_file() -> None:
     deployment = objects()[("Deployment", "coder-coordinator")]
     pod = deployment["spec"]["template"]["spec"]
     assert {"name": "config", "configMap": {"name": "coder-coordinator"}} in pod["volumes"]
-    assert {"name": "config", "mountPath": "/etc/specsplit", "readOnly": True} in container(deployment)["volumeMounts"]
+    assert {"name": "config", "mountPath": "/etc/specsplit/config", "readOnly": True} in \
+        container(deployment)["volumeMounts"]
 
 
 @pytest.mark.parametrize("component", ["coordinator", "target", "draft", "draft-canary"])
@@ -179,3 +180,67 @@ def test_model_cache_can_be_a_shared_claim() -> None:
 def test_builders_are_pure() -> None:
     assert build_objects(OWNER, SPEC, PLAN) == build_objects(OWNER, SPEC, PLAN)
     assert "ownerReferences" not in OWNER["metadata"]  # the owner is not touched
+
+
+def _pods(spec_overrides: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Pod specs of every Deployment, a canary included, for a minimal spec with `spec_overrides`; the
+    Deployments checked against the Kubernetes 1.30 schemas when the overrides add something to them."""
+    spec = parse_spec({"image": "i", "target": {"model": "t"}, "draft": {"model": "d"},
+                       "canary": {"model": "c"}, **spec_overrides})
+    plan = RolloutPlan(target_replicas=1, draft_replicas=1, draft_model="d", canary_model="c", canary_weight=10)
+    deployments = [obj for obj in build_objects(OWNER, spec, plan) if obj["kind"] == "Deployment"]
+    for deployment in deployments if spec_overrides else ():
+        kubernetes_validate.validate(deployment, "1.30.0", strict=True)
+    return {obj["metadata"]["labels"]["app.kubernetes.io/component"]: obj["spec"]["template"]["spec"]
+            for obj in deployments}
+
+
+def test_each_pool_gets_its_own_affinity_and_the_canary_the_drafts() -> None:
+    spread = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "podAffinityTerm": {
+            "topologyKey": "topology.kubernetes.io/zone",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "target"}}}}]}}
+    nodes = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-L4"]}]}]}}}
+    pods = _pods({"target": {"model": "t", "affinity": spread}, "draft": {"model": "d", "affinity": nodes}})
+    assert pods["target"]["affinity"] == spread
+    assert pods["draft"]["affinity"] == pods["draft-canary"]["affinity"] == nodes
+    assert "affinity" not in pods["coordinator"]
+    assert "affinity" not in _pods({})["target"]
+
+
+def test_each_pool_gets_its_own_env_and_it_wins_over_the_operators() -> None:
+    target_env = [{"name": "NCCL_DEBUG", "value": "INFO"},
+                  {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+                  {"name": "OTEL_SERVICE_NAME", "value": "coder-verifier"}]
+    draft_env = [{"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    pods = _pods({"target": {"model": "t", "env": target_env}, "draft": {"model": "d", "env": draft_env}})
+
+    def env(component: str) -> list[dict[str, Any]]:
+        (main,) = pods[component]["containers"]
+        return main["env"]
+
+    names = [variable["name"] for variable in env("target")]
+    assert len(names) == len(set(names))  # replaced, not repeated
+    assert env("target")[-3:] == target_env  # after the operator's own, so they may refer to $(POD_NAME)
+    assert {"name": "OTEL_SERVICE_NAME", "value": "specsplit-target"} not in env("target")
+    assert {"name": "SPECSPLIT_CACHE", "value": "/models"} in env("target")
+    assert env("draft")[-1] == env("draft-canary")[-1] == draft_env[0]
+    assert not any(variable["name"] in ("NCCL_DEBUG", "NODE") for variable in env("coordinator"))
+
+
+def test_image_pull_secrets_reach_every_pod() -> None:
+    pods = _pods({"imagePullSecrets": [{"name": "regcred"}, {"name": "mirror"}]})
+    assert set(pods) == {"coordinator", "target", "draft", "draft-canary"}
+    for component, pod in pods.items():
+        assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}], component
+    assert all("imagePullSecrets" not in pod for pod in _pods({}).values())
+
+
+def test_pods_run_as_the_images_user() -> None:
+    from specsplit.operator.manifests import RUN_AS_USER
+
+    assert RUN_AS_USER == 10001  # the Dockerfile's USER; tests/charts checks the Dockerfile itself
+    for pod in _pods({}).values():
+        context = pod["securityContext"]
+        assert context["runAsUser"] == context["runAsGroup"] == context["fsGroup"] == RUN_AS_USER

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from specsplit.operator import naming
-from specsplit.operator.spec import InvalidSpecError, parse_spec
+from specsplit.operator.spec import InternalTLS, InvalidSpecError, parse_spec
 
 CRD_PATH = pathlib.Path(__file__).resolve().parents[2] / "operator" / "crd" / "speculativedeployment.yaml"
 MINIMAL = {"image": "registry.example/specsplit:0.1.0", "target": {"model": "big"}, "draft": {"model": "small"}}
@@ -101,10 +101,72 @@ def test_every_problem_is_reported_with_its_field() -> None:
     ({"draft": "small"}, "spec.draft: must be an object"),
     ({"canary": {"weight": 10}}, "spec.canary.model: required"),
     ({"imagePullPolicy": "Sometimes"}, "'Sometimes' is not one of Always, IfNotPresent, Never"),
+    ({"imagePullSecrets": "regcred"}, "spec.imagePullSecrets: must be a list of objects"),
+    ({"imagePullSecrets": [{"name": ""}]}, "spec.imagePullSecrets[0].name: must be a non-empty string"),
+    ({"imagePullSecrets": [{"name": "Reg_Cred"}]}, "spec.imagePullSecrets[0].name: 'Reg_Cred' must be a lowercase"),
+    ({"tls": {"mutual": False}}, "spec.tls.secretName: required"),
+    ({"tls": {"secretName": "grpc-tls", "mutual": "yes"}}, "spec.tls.mutual: must be true or false"),
+    ({"tls": {"secretName": "grpc-tls", "serverName": "two words"}}, "spec.tls.serverName: 'two words' must be a DNS"),
+    ({"tls": {"secretName": "grpc-tls", "caSecretName": "ca"}}, "spec.tls.caSecretName: unknown field"),
+    ({"coordinator": {"auth": {}}}, "spec.coordinator.auth.tokenSecretName: required"),
+    ({"coordinator": {"tls": {"secretName": "public-tls", "clientCA": "x"}}}, "spec.coordinator.tls.clientCA: unknown"),
+    ({"coordinator": {"tls": {"secretName": "public.tls."}}}, "spec.coordinator.tls.secretName: 'public.tls.' must be"),
+    ({"target": {"model": "big", "env": {"A": "1"}}}, "spec.target.env: must be a list of objects"),
+    ({"target": {"model": "big", "env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}},
+     "spec.target.env[1].name: 'A' is set twice"),
+    ({"target": {"model": "big", "env": [{"name": "1A", "value": "1"}]}},
+     "spec.target.env[0].name: '1A' must be an environment variable name"),
+    ({"target": {"model": "big", "env": [{"name": "A", "value": 1}]}}, "spec.target.env[0].value: must be a string"),
+    ({"draft": {"model": "small", "env": [{"name": "A", "value": "1",
+                                            "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]}},
+     "spec.draft.env[0]: set value or valueFrom, not both"),
+    ({"draft": {"model": "small", "env": [{"name": "A", "valueFrom": {
+        "fieldRef": {"fieldPath": "spec.nodeName"}, "secretKeyRef": {"name": "s", "key": "k"}}}]}},
+     "spec.draft.env[0].valueFrom: must have exactly one of fieldRef, resourceFieldRef"),
+    ({"draft": {"model": "small", "env": [{"name": "A", "valueFrom": {"secretKeyRef": {"name": "s"}}}]}},
+     "spec.draft.env[0].valueFrom.secretKeyRef.key: required"),
+    ({"draft": {"model": "small", "env": [{"name": "A", "valueFrom": {"vaultRef": {}}}]}},
+     "spec.draft.env[0].valueFrom.vaultRef: unknown field"),
+    ({"target": {"model": "big", "affinity": {"nodeAfinity": {}}}}, "spec.target.affinity.nodeAfinity: unknown field"),
+    ({"target": {"model": "big", "affinity": {"podAntiAffinity": {"requiredDuringScheduling": []}}}},
+     "spec.target.affinity.podAntiAffinity.requiredDuringScheduling: unknown field"),
+    ({"target": {"model": "big", "affinity": {"nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [{"nodeSelectorTerms": []}]}}}},
+     "spec.target.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution: must be an object"),
+    ({"draft": {"model": "small", "affinity": {"podAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": {"weight": 1}}}}},
+     "spec.draft.affinity.podAffinity.preferredDuringSchedulingIgnoredDuringExecution: must be a list of objects"),
 ])
 def test_single_problems(bad: dict[str, Any], fragment: str) -> None:
     errors = errors_of({**MINIMAL, **bad})
     assert any(fragment in error for error in errors), errors
+
+
+def test_transport_security_placement_env_and_pull_secrets_are_off_unless_set() -> None:
+    spec = parse_spec(MINIMAL)
+    assert spec.tls is None and spec.image_pull_secrets == ()
+    assert spec.coordinator.tls_secret_name is None and spec.coordinator.auth_token_secret_name is None
+    assert spec.target.affinity == {} and spec.target.env == () and spec.draft.env == ()
+
+
+def test_transport_security_placement_env_and_pull_secrets_are_read() -> None:
+    anti_affinity = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"topologyKey": "kubernetes.io/hostname", "labelSelector": {"matchLabels": {"role": "target"}}}]}}
+    env = [{"name": "NCCL_DEBUG", "value": "INFO"},
+           {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    raw = {**MINIMAL, "imagePullSecrets": [{"name": "regcred"}, {"name": "mirror-credentials"}],
+           "tls": {"secretName": "grpc-tls", "serverName": "specsplit-workers.ml.svc"},
+           "coordinator": {"tls": {"secretName": "public-tls"}, "auth": {"tokenSecretName": "api-tokens"}},
+           "target": {"model": "big", "affinity": anti_affinity, "env": env}}
+    spec = parse_spec(raw)
+    assert spec.image_pull_secrets == ("regcred", "mirror-credentials")
+    assert spec.tls == InternalTLS(secret_name="grpc-tls", mutual=True, server_name="specsplit-workers.ml.svc")
+    assert spec.coordinator.tls_secret_name == "public-tls"
+    assert spec.coordinator.auth_token_secret_name == "api-tokens"
+    assert spec.target.affinity == anti_affinity and spec.target.env == tuple(env)
+    raw["target"]["env"][0]["value"] = "WARN"  # the typed spec holds its own copy
+    assert spec.target.env[0]["value"] == "INFO"
+    assert parse_spec({**MINIMAL, "tls": {"secretName": "grpc-tls", "mutual": False}}).tls.mutual is False
 
 
 @pytest.mark.parametrize("name, valid", [("coder", True), ("a" * 50, True), ("a" * 51, False),
@@ -126,10 +188,16 @@ def test_the_crd_is_a_valid_structural_crd() -> None:
     assert columns["Target"] == ".status.target.desiredReplicas"
     assert columns["Ready"] == '.status.conditions[?(@.type=="Ready")].status'
 
+    free_form = []
+
     def walk(node: dict[str, Any], path: str) -> None:
-        # Structural: every node says its type (or is an int-or-string), and carries no free-form fields.
+        # Structural: every node says its type (or is an int-or-string). Free-form objects only for the
+        # scheduling terms of a core/v1 Affinity, a type too large to spell out (the API server checks it
+        # in the Deployments the operator writes).
         assert "type" in node or node.get("x-kubernetes-int-or-string"), f"{path} has no type"
-        assert not node.get("x-kubernetes-preserve-unknown-fields"), f"{path} keeps unknown fields"
+        if node.get("x-kubernetes-preserve-unknown-fields"):
+            free_form.append(path)
+            assert node["type"] == "object" and "properties" not in node, path
         for key, child in (node.get("properties") or {}).items():
             walk(child, f"{path}.{key}")
         if isinstance(node.get("items"), dict):
@@ -137,6 +205,11 @@ def test_the_crd_is_a_valid_structural_crd() -> None:
         if isinstance(node.get("additionalProperties"), dict):
             walk(node["additionalProperties"], f"{path}{{}}")
     walk(schema(), "")
+    terms = ("requiredDuringSchedulingIgnoredDuringExecution", "preferredDuringSchedulingIgnoredDuringExecution")
+    allowed = {f".spec.{pool}.affinity.{kind}.{term}{'' if (kind, term) == ('nodeAffinity', terms[0]) else '[]'}"
+               for pool in ("target", "draft") for kind in ("nodeAffinity", "podAffinity", "podAntiAffinity")
+               for term in terms}
+    assert set(free_form) == allowed
     spec_properties = schema()["properties"]["spec"]["properties"]
     assert all(child.get("description") for key, child in spec_properties.items() if key != "telemetry")
 
@@ -144,8 +217,10 @@ def test_the_crd_is_a_valid_structural_crd() -> None:
 def test_crd_defaults_match_the_operator_defaults() -> None:
     """Defaulted by the API server or by parse_spec: the same values either way."""
     spec_schema = schema()["properties"]["spec"]
-    raw = copy.deepcopy(MINIMAL) | {"canary": {"model": "new"}}
+    raw = copy.deepcopy(MINIMAL) | {"canary": {"model": "new"}, "tls": {"secretName": "grpc-tls"},
+                                    "coordinator": {"tls": {"secretName": "public-tls"}}}
     assert parse_spec(with_schema_defaults(spec_schema, raw)) == parse_spec(raw)
+    assert parse_spec(with_schema_defaults(spec_schema, raw)).tls.mutual is True
 
 
 def test_crd_schema_accepts_a_full_spec_and_rejects_what_the_operator_rejects() -> None:
@@ -166,13 +241,30 @@ def test_crd_schema_accepts_a_full_spec_and_rejects_what_the_operator_rejects() 
         "autoscaling": {"stabilizationWindowSeconds": 600, "scaleDownCooldownSeconds": 300, "maxStep": 1,
                         "intervalSeconds": 15},
         "modelCache": {"claimName": "models"}, "telemetry": {"otlpEndpoint": "http://otel-collector:4317"},
+        "imagePullSecrets": [{"name": "registry-credentials"}],
+        "tls": {"secretName": "grpc-tls", "mutual": False, "serverName": "workers.coder.internal"},
     }
+    full["coordinator"] |= {"tls": {"secretName": "public-tls"}, "auth": {"tokenSecretName": "api-tokens"}}
+    full["target"] |= {
+        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+            {"weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                                "labelSelector": {"matchLabels": {"app": "x"}}}}]}},
+        "env": [{"name": "NCCL_DEBUG", "value": "INFO"},
+                {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]}
     # OpenAPI v3.0 schemas are JSON Schema draft 4 in this respect (boolean exclusiveMinimum).
     validator = jsonschema.Draft4Validator(spec_schema)
     validator.validate(full)
     parse_spec(full)
     for path, value in [(("numSpeculativeTokens",), 17), (("canary", "promotion", "metric"), "latency"),
-                        (("draft", "tensorParallelSize"), 2), (("target", "replicas", "min"), 0)]:
+                        (("draft", "tensorParallelSize"), 2), (("target", "replicas", "min"), 0),
+                        (("tls",), {"mutual": True}), (("tls", "mutual"), "yes"),
+                        (("coordinator", "auth"), {}), (("imagePullSecrets",), [{}]),
+                        (("target", "env", 0), {"value": "no name"}),
+                        (("target", "env", 1, "valueFrom"), {}),
+                        (("target", "env", 1, "valueFrom", "fieldRef"), {"fieldPath": "metadata.name"}),
+                        (("target", "env", 0, "name"), "1NCCL"),
+                        (("target", "affinity", "podAntiAffinity", "preferredDuringSchedulingIgnoredDuringExecution"),
+                         {"weight": 1})]:
         bad = copy.deepcopy(full)
         node = bad
         for key in path[:-1]:

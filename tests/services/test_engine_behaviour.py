@@ -108,6 +108,24 @@ def test_waiting_requests_get_room_when_others_finish(tiny_pair):
     assert engine.kv_blocks_used() == {"target": 0, "draft": 0}
 
 
+def test_kv_pressure_preempts_and_recomputes_instead_of_failing(tiny_pair):
+    prompts = ["ab", "cd", "ef", "gh"]
+    params = [SamplingParams(max_tokens=80, ignore_eos=True, temperature=t, seed=3) for t in (0.0, 0.8, 0.0, 1.0)]
+    roomy = LocalEngine(tiny_pair["target"], tiny_pair["close"], num_speculative_tokens=4, dtype="float64")
+    expected = run(roomy, prompts, params)
+    # 12 blocks of 16 = 192 tokens: the four sequences (~330 tokens) cannot all be held at once.
+    tight = LocalEngine(tiny_pair["target"], tiny_pair["close"], num_speculative_tokens=4, dtype="float64", num_kv_blocks=12)
+    results = run(tight, prompts, params)
+    # Greedy output is unchanged by preemption; sampled output stays distributed as the target's (a preemption
+    # changes which proposals were made, so the same seed can give other tokens) and completes.
+    for params_i, got, want in zip(params, results, expected):
+        if params_i.greedy:
+            assert got.token_ids == want.token_ids
+        assert len(got.token_ids) == 80 and got.finish_reason == "length"
+    assert sum(r.preemptions for r in results) > 0
+    assert tight.kv_blocks_used() == {"target": 0, "draft": 0}
+
+
 @pytest.mark.parametrize(
     "prompt,params,message",
     [

@@ -27,7 +27,7 @@ Takes (dict "clusterwide" BOOL): namespaced, the cluster-scoped parts go to the 
 # kopf watches the resource, patches its metadata (finalizer, bookkeeping annotations) and its status.
 - apiGroups: ["specsplit.dev"]
   resources: ["speculativedeployments"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch", "patch"]
 - apiGroups: ["specsplit.dev"]
   resources: ["speculativedeployments/status"]
   verbs: ["patch"]

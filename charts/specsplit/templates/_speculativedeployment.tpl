@@ -76,6 +76,19 @@ nodeSelector:
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
+{{- with $values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- range $index, $variable := $values.extraEnv }}
+{{- if and (hasKey $variable "value") (hasKey $variable "valueFrom") }}
+{{- fail (printf "%s.extraEnv[%d] (%s): set value or valueFrom, not both" $.role $index $variable.name) }}
+{{- end }}
+{{- end }}
+{{- with $values.extraEnv }}
+env:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- with $values.autoscaling }}
 autoscaling:
   {{- toYaml . | nindent 2 }}
@@ -92,24 +105,21 @@ autoscaling:
 {{- end }}
 
 {{/*
-Values the issue asks for that the operator cannot carry to its pods yet (SpeculativeDeployment v1alpha1
-has no field for them). Setting one fails the install with the reason, instead of being silently ignored.
+Secrets the SpeculativeDeployment names: an "enabled" switch needs its Secret's name, so a forgotten name fails
+the install instead of running without TLS or tokens.
 */}}
-{{- define "specsplit.requireOperatorSupport" -}}
+{{- define "specsplit.requireSecretNames" -}}
 {{- $missing := list }}
-{{- if .Values.tls.enabled }}
-{{- $missing = append $missing "tls.enabled (no spec field takes the TLS secret to the pods)" }}
+{{- if and .Values.tls.enabled (not .Values.tls.secretName) }}
+{{- $missing = append $missing "tls.secretName (a kubernetes.io/tls Secret with ca.crt)" }}
 {{- end }}
-{{- range $role := list "target" "draft" }}
-{{- $values := index $.Values $role }}
-{{- if $values.affinity }}
-{{- $missing = append $missing (printf "%s.affinity (no spec.%s.affinity)" $role $role) }}
+{{- if and .Values.coordinator.tls.enabled (not .Values.coordinator.tls.secretName) }}
+{{- $missing = append $missing "coordinator.tls.secretName (a Secret with tls.crt and tls.key)" }}
 {{- end }}
-{{- if $values.extraEnv }}
-{{- $missing = append $missing (printf "%s.extraEnv (no spec.%s.env)" $role $role) }}
-{{- end }}
+{{- if and .Values.coordinator.auth.enabled (not .Values.coordinator.auth.tokenSecretName) }}
+{{- $missing = append $missing "coordinator.auth.tokenSecretName (a Secret with the key tokens)" }}
 {{- end }}
 {{- if $missing }}
-{{- fail (printf "not supported by this operator's SpeculativeDeployment (specsplit.dev/v1alpha1) yet, leave unset: %s" (join "; " $missing)) }}
+{{- fail (printf "enabled without the Secret to use, set: %s" (join "; " $missing)) }}
 {{- end }}
 {{- end }}

@@ -1,0 +1,1 @@
+"""Comparing draft models: `specsplit canary compare` runs the same prompts through each and reports."""

@@ -1,0 +1,1 @@
+"""Observability shared by the three services: OpenTelemetry traces, Prometheus metrics, canary statistics."""

@@ -1,0 +1,138 @@
+"""The coordinator's Prometheus metrics, fed by its observer events ("prefill", "round", "finish", "error") and
+its worker-call timings. Speculation counters live in `CanaryStats` (plain integers under a lock, so the round
+loop does no label lookups) and are exported from there when scraped; latencies are histograms.
+
+Exported (variant = the draft variant that served the request; "none" = the target alone):
+  specsplit_drafted_tokens_total{variant}, specsplit_accepted_tokens_total{variant}
+  specsplit_speculative_rounds_total{variant}
+  specsplit_drafted_position_total{variant,position}, specsplit_accepted_position_total{variant,position}
+  specsplit_acceptance_rate{variant}, specsplit_acceptance_rate_by_position{variant,position}
+  specsplit_mean_accepted_length{variant}       tokens emitted per speculative round (accepted + 1)
+  specsplit_system_efficiency{variant}          emitted / ((k+1) per round)
+  specsplit_requests_total{variant,finish_reason}
+  specsplit_stage_latency_seconds{stage}        prefill / propose / verify worker calls, as round trips
+  specsplit_round_seconds{variant}              one sequence's round: time between its commits
+  specsplit_time_to_first_token_seconds{variant}, specsplit_inter_token_latency_seconds{variant}
+  specsplit_queue_depth{role="coordinator"}, specsplit_running_sequences{role="coordinator"}
+"""
+
+import time
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from specsplit.services.telemetry.canary_stats import NO_VARIANT, CanaryStats
+from specsplit.services.telemetry.worker_telemetry import STAGE_BUCKETS
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+class CoordinatorMetrics:
+    def __init__(self, coordinator, canary: CanaryStats | None = None, registry: CollectorRegistry | None = None):
+        self.coordinator = coordinator
+        self.canary = canary or CanaryStats(lambda: coordinator.drafts)
+        self.registry = registry or CollectorRegistry()
+        self.stage_latency = Histogram(
+            "specsplit_stage_latency_seconds", "Round trip of the coordinator's worker calls by stage",
+            ["stage"], registry=self.registry, buckets=STAGE_BUCKETS,
+        )
+        self.round_time = Histogram(
+            "specsplit_round_seconds", "Time of one speculative round of a sequence (between its commits)",
+            ["variant"], registry=self.registry, buckets=STAGE_BUCKETS,
+        )
+        self.ttft = Histogram(
+            "specsplit_time_to_first_token_seconds", "From submission to the first token",
+            ["variant"], registry=self.registry, buckets=LATENCY_BUCKETS,
+        )
+        self.itl = Histogram(
+            "specsplit_inter_token_latency_seconds", "Per request, (total - time to first token) / (tokens - 1)",
+            ["variant"], registry=self.registry, buckets=STAGE_BUCKETS,
+        )
+        self.registry.register(_SpeculationCollector(self))
+        for stage in ("prefill", "propose", "verify"):
+            self.stage_latency.labels(stage)  # every series exists from the start, at zero
+        self._seen: dict = {}  # sequence -> (time of its last commit, drafted, accepted) at that commit
+
+    def attach(self) -> "CoordinatorMetrics":
+        """Start recording the coordinator's events (observer) and call timings."""
+        self.coordinator.observers.append(self.observe)
+        self.coordinator.telemetry.metrics = self
+        return self
+
+    def observe_call(self, method: str, seconds: float) -> None:
+        self.stage_latency.labels(method).observe(seconds)
+
+    def observe(self, sequence, event: str) -> None:
+        variant = sequence.draft_variant or NO_VARIANT
+        now = time.perf_counter()
+        stats = sequence.stats
+        if event == "prefill":
+            self._seen[sequence] = (now, stats.draft_tokens, stats.accepted_tokens)
+            self.ttft.labels(variant).observe((sequence.first_token_at or now) - sequence.started)
+        elif event == "round":
+            last, drafted, accepted = self._seen.get(sequence, (now, stats.draft_tokens, stats.accepted_tokens))
+            self._seen[sequence] = (now, stats.draft_tokens, stats.accepted_tokens)
+            self.round_time.labels(variant).observe(now - last)
+            if stats.draft_tokens > drafted:
+                self.canary.add_round(variant, stats.draft_tokens - drafted, stats.accepted_tokens - accepted)
+        elif event in ("finish", "error"):
+            self._seen.pop(sequence, None)
+            total = now - sequence.started
+            tokens = len(sequence.generated)
+            self.canary.add_request(variant, sequence.finish_reason or event, tokens, total)
+            if sequence.first_token_at is not None and tokens > 1:
+                self.itl.labels(variant).observe((total - (sequence.first_token_at - sequence.started)) / (tokens - 1))
+
+
+class _SpeculationCollector:
+    """Counters and ratios from the canary totals, and the coordinator's queue, read when scraped."""
+
+    def __init__(self, metrics: CoordinatorMetrics):
+        self.metrics = metrics
+
+    def collect(self):
+        totals = self.metrics.canary.snapshot()
+        for pool in list(self.metrics.coordinator.drafts):  # configured variants show up before their first request
+            totals.setdefault(pool.name, None)
+
+        def counter(name, help_text, labels=("variant",)):
+            return CounterMetricFamily(name, help_text, labels=list(labels))
+
+        def gauge(name, help_text, labels=("variant",)):
+            return GaugeMetricFamily(name, help_text, labels=list(labels))
+
+        drafted = counter("specsplit_drafted_tokens", "Draft tokens proposed and verified")
+        accepted = counter("specsplit_accepted_tokens", "Draft tokens accepted by the target")
+        rounds = counter("specsplit_speculative_rounds", "Rounds in which the draft proposed")
+        drafted_at = counter("specsplit_drafted_position", "Draft tokens proposed at each position", ("variant", "position"))
+        accepted_at = counter("specsplit_accepted_position", "Draft tokens accepted at each position", ("variant", "position"))
+        requests = counter("specsplit_requests", "Requests finished", ("variant", "finish_reason"))
+        rate = gauge("specsplit_acceptance_rate", "Accepted / drafted tokens since start")
+        rate_at = gauge("specsplit_acceptance_rate_by_position", "Acceptance rate at each proposal position", ("variant", "position"))
+        length = gauge("specsplit_mean_accepted_length", "Tokens emitted per speculative round (accepted + 1)")
+        efficiency = gauge("specsplit_system_efficiency", "Emitted tokens / verified positions ((k+1) per round)")
+        for name, t in totals.items():
+            if t is None:
+                drafted.add_metric([name], 0)
+                accepted.add_metric([name], 0)
+                rounds.add_metric([name], 0)
+                continue
+            drafted.add_metric([name], t.drafted)
+            accepted.add_metric([name], t.accepted)
+            rounds.add_metric([name], t.rounds)
+            for i, (d, a) in enumerate(zip(t.drafted_per_position, t.accepted_per_position)):
+                drafted_at.add_metric([name, str(i)], d)
+                accepted_at.add_metric([name, str(i)], a)
+                rate_at.add_metric([name, str(i)], a / d if d else 0.0)
+            for reason, count in t.requests.items():
+                requests.add_metric([name, reason], count)
+            if t.rounds:
+                rate.add_metric([name], t.acceptance_rate)
+                length.add_metric([name], t.mean_accepted_length)
+                efficiency.add_metric([name], t.system_efficiency)
+        coordinator = self.metrics.coordinator
+        queue = gauge("specsplit_queue_depth", "Requests admitted but not yet running", ("role",))
+        queue.add_metric(["coordinator"], len(coordinator.waiting))
+        running = gauge("specsplit_running_sequences", "Requests decoding", ("role",))
+        running.add_metric(["coordinator"], len(coordinator.running))
+        yield from (drafted, accepted, rounds, drafted_at, accepted_at, requests, rate, rate_at, length, efficiency, queue, running)

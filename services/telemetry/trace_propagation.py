@@ -1,0 +1,114 @@
+"""Trace context in gRPC metadata.
+
+Public API: a caller's context arrives in the standard headers (W3C `traceparent`/`tracestate`, or whatever
+OTEL_PROPAGATORS names); `CallerContextInterceptor` makes it current while the handler runs, so the request span
+the coordinator starts is its child.
+
+Worker API: one call carries many sequences, each from another request (another trace), so a single
+`traceparent` would misattribute the call to one of them. The coordinator sends instead one W3C traceparent per
+item, in item order, in `specsplit-traceparents` ("00-<trace>-<span>-<flags>,..."); the worker makes each item's
+span a child of its own request's span.
+"""
+
+import contextvars
+from contextlib import contextmanager
+
+import grpc
+
+ITEM_TRACEPARENTS = "specsplit-traceparents"
+
+_outgoing: contextvars.ContextVar[str | None] = contextvars.ContextVar("specsplit_outgoing_traceparents", default=None)
+
+
+def traceparent(span_context) -> str:
+    """The W3C traceparent of a span context (sampled flag included)."""
+    return f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{int(span_context.trace_flags):02x}"
+
+
+@contextmanager
+def sending_item_contexts(span_contexts: list):
+    """Worker calls made inside carry these per-item contexts (None = that item is not traced)."""
+    value = ",".join(traceparent(c) if c is not None else "" for c in span_contexts)
+    token = _outgoing.set(value)
+    try:
+        yield
+    finally:
+        _outgoing.reset(token)
+
+
+def outgoing_metadata():
+    """Metadata for a worker call made now: the per-item traceparents, or None outside `sending_item_contexts`."""
+    value = _outgoing.get()
+    return None if value is None else ((ITEM_TRACEPARENTS, value),)
+
+
+def item_contexts(metadata, count: int) -> list:
+    """Per-item OpenTelemetry Contexts (None where absent or malformed) from a worker call's metadata."""
+    value = next((v for k, v in metadata or () if k == ITEM_TRACEPARENTS), None)
+    if value is None:
+        return [None] * count
+    parts = value.split(",")
+    if len(parts) != count:
+        return [None] * count
+    return [_parse(p) for p in parts]
+
+
+def _parse(value: str):
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    if not value:
+        return None
+    context = TraceContextTextMapPropagator().extract({"traceparent": value})
+    return context if trace.get_current_span(context).get_span_context().is_valid else None
+
+
+class CallerContextInterceptor(grpc.aio.ServerInterceptor):
+    """Makes the caller's trace context (from request metadata) current while a unary or server-streaming
+    handler runs."""
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        if handler is None or (handler.unary_unary is None and handler.unary_stream is None):
+            return handler
+        from opentelemetry import propagate
+
+        carrier = {}
+        for key, value in details.invocation_metadata or ():
+            if isinstance(value, str):
+                carrier[key.lower()] = value
+        parent = propagate.extract(carrier)
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                _unary(handler.unary_unary, parent), handler.request_deserializer, handler.response_serializer
+            )
+        return grpc.unary_stream_rpc_method_handler(
+            _stream(handler.unary_stream, parent), handler.request_deserializer, handler.response_serializer
+        )
+
+
+def _unary(behavior, parent):
+    from opentelemetry import context as otel_context
+
+    async def run(request, context):
+        token = otel_context.attach(parent)
+        try:
+            return await behavior(request, context)
+        finally:
+            otel_context.detach(token)
+
+    return run
+
+
+def _stream(behavior, parent):
+    from opentelemetry import context as otel_context
+
+    async def run(request, context):
+        token = otel_context.attach(parent)
+        try:
+            async for response in behavior(request, context):
+                yield response
+        finally:
+            otel_context.detach(token)
+
+    return run

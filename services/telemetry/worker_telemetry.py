@@ -1,0 +1,185 @@
+"""A draft or target worker's telemetry: spans of its batched steps and its Prometheus metrics.
+
+One GPU step serves items from many calls (and several coordinators), each item a different request. So:
+- every item gets its own span, a child of its request's span from the coordinator (propagated per item, see
+  trace_propagation): `prefill` or `propose` on a draft; `prefill`, `score` (the target forward) and `verify`
+  (acceptance) on a target; each with k, accepted count, batch size and queue wait;
+- the step itself gets one span (`draft.step` / `target.step`) that links to every item's request span, and
+  each item span links back to it: one step's time is shared, never charged to one request.
+
+Metrics are always kept (cheap); spans only when tracing is on.
+"""
+
+import time
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import GaugeMetricFamily
+
+from specsplit.services.telemetry import tracing
+from specsplit.services.telemetry.trace_propagation import item_contexts
+
+STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+
+
+class ForwardClock:
+    """Times the model forwards of a step, so a target step splits into score (forward) and verify (the rest)."""
+
+    def __init__(self, runner):
+        self.reset()
+        forward = runner.forward
+
+        def timed_forward(items):
+            start = time.time_ns()
+            try:
+                return forward(items)
+            finally:
+                end = time.time_ns()
+                self.first_start = self.first_start or start
+                self.last_end = end
+
+        runner.forward = timed_forward  # the runner's own method, wrapped on this instance only
+
+    def reset(self) -> None:
+        self.first_start = 0
+        self.last_end = 0
+
+
+class WorkerTelemetry:
+    def __init__(self, role: str, runner, sequences, registry: CollectorRegistry | None = None):
+        self.role = role
+        self.runner = runner
+        self.sequences = sequences
+        self.batcher = None
+        self.registry = registry or CollectorRegistry()
+        self.stage_latency = Histogram(
+            "specsplit_stage_latency_seconds", "Time of a worker step's stage (propose, score, verify, prefill)",
+            ["stage"], registry=self.registry, buckets=STAGE_BUCKETS,
+        )
+        self.batch_size = Histogram(
+            "specsplit_step_batch_size", "Sequences per worker step", ["kind"], registry=self.registry, buckets=BATCH_BUCKETS
+        )
+        self.queue_wait = Histogram(
+            "specsplit_queue_wait_seconds", "Time an item waits in the worker's batch queue before its step",
+            ["kind"], registry=self.registry, buckets=STAGE_BUCKETS,
+        )
+        self.registry.register(_WorkerGauges(self))
+        for stage in ("prefill", "score", "verify") if role == "target" else ("prefill", "propose"):
+            self.stage_latency.labels(stage)  # every series exists from the start, at zero
+        self.clock = ForwardClock(runner) if role == "target" else None
+        self._arrivals: dict[int, tuple] = {}  # id(item) -> (its request's context or None, arrival ns)
+
+    def watch(self, batcher) -> None:
+        """The batcher whose queue depth /metrics reports."""
+        self.batcher = batcher
+
+    def instrument(self, handlers: dict) -> dict:
+        """Wrap the step handlers that do model work; housekeeping (release, expire) runs as it is."""
+        return {kind: self._step(kind, h) if kind in ("prefill", "propose", "verify") else h for kind, h in handlers.items()}
+
+    def received(self, items: list, grpc_context) -> list:
+        """Note when a call's items arrived and, when tracing, which request each belongs to; returns the items."""
+        now = time.time_ns()
+        contexts = [None] * len(items)
+        if tracing.enabled():
+            contexts = item_contexts(grpc_context.invocation_metadata(), len(items))
+        for item, context in zip(items, contexts):
+            self._arrivals[id(item)] = (context, now)
+        return items
+
+    def _step(self, kind: str, handler):
+        def step(items: list) -> list:
+            if self.clock is not None:
+                self.clock.reset()
+            start = time.time_ns()
+            try:
+                results = handler(items)
+            finally:
+                end = time.time_ns()
+                arrivals = [self._arrivals.pop(id(item), (None, start)) for item in items]
+            self._record(kind, items, results, arrivals, start, end)
+            return results
+
+        return step
+
+    def _record(self, kind, items, results, arrivals, start, end) -> None:
+        forward = (self.clock.first_start, self.clock.last_end) if self.clock is not None and self.clock.last_end else None
+        stages = self._stages(kind, start, end, forward)
+        for stage, (s, e) in stages.items():
+            self.stage_latency.labels(stage).observe((e - s) / 1e9)
+        self.batch_size.labels(kind).observe(len(items))
+        wait = self.queue_wait.labels(kind)
+        for _, arrived in arrivals:
+            wait.observe(max(0, start - arrived) / 1e9)
+        if tracing.enabled() and any(c is not None for c, _ in arrivals):
+            self._spans(kind, items, results if isinstance(results, list) else [results] * len(items), arrivals, start, end, stages)
+
+    def _stages(self, kind, start, end, forward) -> dict[str, tuple[int, int]]:
+        if kind == "verify" and forward is not None:
+            return {"score": forward, "verify": (forward[1], end)}
+        if kind == "verify":  # every item failed before the forward
+            return {"verify": (start, end)}
+        return {kind: (start, end)}
+
+    def _spans(self, kind, items, results, arrivals, start, end, stages) -> None:
+        from opentelemetry import trace
+        from opentelemetry.trace import Link, Status, StatusCode
+
+        tracer = tracing.tracer()
+        item_span_contexts = [trace.get_current_span(c).get_span_context() if c is not None else None for c, _ in arrivals]
+        step = tracer.start_span(
+            f"{self.role}.step",
+            context=trace.set_span_in_context(trace.INVALID_SPAN),  # its own trace: it serves many
+            links=[Link(c) for c in item_span_contexts if c is not None],
+            start_time=start,
+            attributes={"specsplit.step.kind": kind, "specsplit.batch_size": len(items), "specsplit.role": self.role},
+        )
+        step.end(end_time=end)
+        back = [Link(step.get_span_context())]
+        for item, result, (context, arrived) in zip(items, results, arrivals):
+            if context is None:
+                continue
+            attributes = {"specsplit.batch_size": len(items), "specsplit.queue_wait_s": max(0, start - arrived) / 1e9}
+            attributes.update(_item_attributes(item, result))
+            for stage, (s, e) in stages.items():
+                span = tracer.start_span(stage, context=context, links=back, start_time=s, attributes=attributes)
+                if isinstance(result, Exception):
+                    span.set_status(Status(StatusCode.ERROR, str(result)))
+                span.end(end_time=e)
+
+
+def _item_attributes(item, result) -> dict:
+    attributes = {}
+    if hasattr(item, "k"):  # a draft proposal
+        attributes["specsplit.k"] = item.k
+        if hasattr(result, "token_ids"):
+            attributes["specsplit.proposed_tokens"] = len(result.token_ids)
+    elif hasattr(item, "draft_token_ids"):  # a target verification
+        attributes["specsplit.k"] = len(item.draft_token_ids)
+        if hasattr(result, "num_accepted"):
+            attributes["specsplit.accepted_tokens"] = result.num_accepted
+    elif hasattr(item, "token_ids"):  # a prefill
+        attributes["specsplit.prompt_tokens"] = len(item.token_ids)
+    return attributes
+
+
+class _WorkerGauges:
+    """Gauges read when scraped: KV blocks, running sequences, queue depth."""
+
+    def __init__(self, telemetry: WorkerTelemetry):
+        self.telemetry = telemetry
+
+    def collect(self):
+        t = self.telemetry
+        manager = t.runner.block_manager
+        used, total = manager.num_used_blocks, manager.num_blocks
+        for name, help_text, value in (
+            ("specsplit_kv_blocks_used", "KV cache blocks in use", used),
+            ("specsplit_kv_blocks_total", "KV cache blocks in all", total),
+            ("specsplit_kv_blocks_free", "KV cache blocks free", total - used),
+            ("specsplit_running_sequences", "Sequences holding KV on this worker", len(t.sequences)),
+            ("specsplit_queue_depth", "Items waiting in the worker's batch queue", t.batcher.queue_depth if t.batcher else 0),
+        ):
+            family = GaugeMetricFamily(name, help_text, labels=["role"])
+            family.add_metric([t.role], value)
+            yield family
