@@ -39,7 +39,9 @@ class LocalEngine:
         block_size: int = 16,
         draft_support: int = 32,
         coordinator_config: CoordinatorConfig | None = None,
+        synthetic_acceptance: float | None = None,
     ):
+        """`synthetic_acceptance`: BENCHMARK ONLY, not lossless (services/target/synthetic_acceptance.py)."""
         if num_speculative_tokens < 0:
             raise InvalidArgument(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
         self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype, device)
@@ -48,7 +50,7 @@ class LocalEngine:
             self.draft = draft if isinstance(draft, LoadedModel) else load_model(draft, dtype, device)
             check_compatible(self.target, self.draft)
         self.target_runner = ModelRunner(self.target, num_blocks=num_kv_blocks, block_size=block_size)
-        self.verifier = TargetVerifier(self.target_runner)
+        self.verifier = TargetVerifier(self.target_runner, synthetic_acceptance=synthetic_acceptance)
         targets = ReplicaPool("target", [LocalTargetClient(self.verifier)])
         drafts = []
         self.proposer = None

@@ -20,6 +20,10 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
         p.add_argument("--port", type=int, default=50051, help="0 = any free port (printed)")
         p.add_argument("--lease-seconds", type=float, default=600.0, help="free sequences idle this long")
         p.add_argument("--draft-support", type=int, default=32, help="top-K support of the draft's q")
+        if role == "target":
+            p.add_argument("--synthetic-acceptance", type=float, default=None, metavar="ALPHA",
+                           help="BENCHMARK ONLY, NOT LOSSLESS: accept each proposal with probability ALPHA instead of "
+                           "the rejection test (for random-weight models); never use when serving")
         p.add_argument("--tensor-parallel-size", type=int, default=1,
                        help="GPUs to shard the model over (only 1 is available in this version)")
         add_server_tls_args(p)
@@ -92,6 +96,8 @@ def _run_worker(args) -> int:
     options = dict(dtype=args.dtype, device=args.device, num_kv_blocks=args.num_kv_blocks, block_size=args.block_size)
     if args.role == "draft":
         options["draft_support"] = args.draft_support
+    elif args.synthetic_acceptance is not None:
+        options["synthetic_acceptance"] = args.synthetic_acceptance
     asyncio.run(serve_worker(args.role, args.model, args.host, args.port, args.lease_seconds, args.metrics_port,
                              security=server_security_from_args(args), **options))
     return 0

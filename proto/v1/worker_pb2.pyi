@@ -92,10 +92,10 @@ class Proposal(_message.Message):
     status: ItemStatus
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     support: int
-    q_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    q_probs: _containers.RepeatedScalarFieldContainer[float]
+    q_token_ids: bytes
+    q_probs: bytes
     num_cached: int
-    def __init__(self, status: _Optional[_Union[ItemStatus, _Mapping]] = ..., token_ids: _Optional[_Iterable[int]] = ..., support: _Optional[int] = ..., q_token_ids: _Optional[_Iterable[int]] = ..., q_probs: _Optional[_Iterable[float]] = ..., num_cached: _Optional[int] = ...) -> None: ...
+    def __init__(self, status: _Optional[_Union[ItemStatus, _Mapping]] = ..., token_ids: _Optional[_Iterable[int]] = ..., support: _Optional[int] = ..., q_token_ids: _Optional[bytes] = ..., q_probs: _Optional[bytes] = ..., num_cached: _Optional[int] = ...) -> None: ...
 
 class TargetPrefillItem(_message.Message):
     __slots__ = ("handle", "token_ids", "sampling", "logprobs")
@@ -130,10 +130,10 @@ class VerifyItem(_message.Message):
     delta: _containers.RepeatedScalarFieldContainer[int]
     draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
     support: int
-    q_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    q_probs: _containers.RepeatedScalarFieldContainer[float]
+    q_token_ids: bytes
+    q_probs: bytes
     logprobs: int
-    def __init__(self, handle: _Optional[str] = ..., cached_len: _Optional[int] = ..., delta: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., support: _Optional[int] = ..., q_token_ids: _Optional[_Iterable[int]] = ..., q_probs: _Optional[_Iterable[float]] = ..., logprobs: _Optional[int] = ...) -> None: ...
+    def __init__(self, handle: _Optional[str] = ..., cached_len: _Optional[int] = ..., delta: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., support: _Optional[int] = ..., q_token_ids: _Optional[bytes] = ..., q_probs: _Optional[bytes] = ..., logprobs: _Optional[int] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ("items",)

@@ -16,7 +16,8 @@ from specsplit.kernels.dispatch import counter_uniform
 from specsplit.services.errors import InvalidArgument
 from specsplit.services.runtime.model_runner import ForwardItem, ModelRunner
 from specsplit.services.runtime.worker_sequences import WorkerSampling, WorkerSequences
-from specsplit.services.sampling.batch_sampling import sampling_tensors
+from specsplit.services.runtime.host_transfer import to_device, to_host
+from specsplit.services.sampling.batch_sampling import sampling_flags, sampling_tensors
 from specsplit.services.sampling.draft_distribution import sample_sparse, sparse_draft_distribution
 from specsplit.services.sampling.logits_processing import processed_probs
 
@@ -103,16 +104,20 @@ class DraftProposer:
         while stepping:
             step += 1
             sequences = [self.sequences.get(items[i].handle) for i in stepping]
-            rows = torch.cat([step_logits[i][-1:] for i in stepping])
-            temperature, top_k, top_p, seeds = sampling_tensors([s.sampling for s in sequences], rows.device)
-            probs = processed_probs(rows, temperature, top_k, top_p)
+            rows = torch.cat([step_logits[i][-1:] for i in stepping]) if step == 1 else step_rows
+            params = [s.sampling for s in sequences]
+            temperature, top_k, top_p, seeds = sampling_tensors(params, rows.device)
+            probs = processed_probs(rows, temperature, top_k, top_p, sampling_flags(params, self.runner.vocab_size))
             support_ids, support_probs = sparse_draft_distribution(probs, self.support_size)
-            positions = torch.tensor([s.table.num_tokens for s in sequences], device=rows.device)
+            positions = to_device([s.table.num_tokens for s in sequences], torch.int64, rows.device)
             sampled = sample_sparse(support_ids, support_probs, counter_uniform(seeds, positions, STREAM_DRAFT))
+            # The step's one wait: the sampled tokens (needed to feed the next step) and q, which leaves as host data.
+            sampled, support_ids, support_probs = to_host(sampled, support_ids, support_probs)
+            sampled = sampled.tolist()
             next_stepping, next_forward = [], []
             for row, (i, sequence) in enumerate(zip(stepping, sequences)):
                 support = 1 if sequence.sampling.greedy else self.support_size
-                tokens[i].append(int(sampled[row]))
+                tokens[i].append(sampled[row])
                 q_ids[i].append(support_ids[row, :support])
                 q_probs[i].append(support_probs[row, :support])
                 if step < items[i].k:
@@ -122,10 +127,8 @@ class DraftProposer:
                 runnable = [(i, fi) for (i, fi), err in zip(next_forward, errors) if err is None]
                 # A sequence that runs out of KV mid-way simply proposes fewer tokens.
                 if runnable:
-                    out = self.runner.forward([fi for _, fi in runnable])
-                    for (i, _), rows_i in zip(runnable, out):
-                        step_logits[i] = rows_i
-                        next_stepping.append(i)
+                    step_rows = self.runner.forward_flat([fi for _, fi in runnable])  # one row per sequence
+                    next_stepping = [i for i, _ in runnable]
             stepping = next_stepping
 
         for i, fi in live:

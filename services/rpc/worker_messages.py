@@ -4,6 +4,7 @@ Both ends use these functions, so what the coordinator sends is exactly what the
 float32 and arrives bit-identical.
 """
 
+import numpy as np
 import torch
 
 from specsplit.proto.v1 import worker_pb2
@@ -28,6 +29,22 @@ def sampling_pb(s: WorkerSampling) -> worker_pb2.WorkerSampling:
 
 def sampling_from_pb(m: worker_pb2.WorkerSampling) -> WorkerSampling:
     return WorkerSampling(m.temperature, m.top_k, m.top_p if m.top_p > 0 else 1.0, m.seed)
+
+
+def pack_ids(t: torch.Tensor) -> bytes:
+    return t.detach().to("cpu", torch.int32).contiguous().numpy().astype("<i4", copy=False).tobytes()
+
+
+def pack_probs(t: torch.Tensor) -> bytes:
+    return t.detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4", copy=False).tobytes()
+
+
+def unpack_ids(data: bytes, rows: int, cols: int) -> torch.Tensor:
+    return torch.from_numpy(np.frombuffer(data, dtype="<i4").astype(np.int64)).view(rows, cols)
+
+
+def unpack_probs(data: bytes, rows: int, cols: int) -> torch.Tensor:
+    return torch.from_numpy(np.frombuffer(data, dtype="<f4").copy()).view(rows, cols)
 
 
 def _optional(m, name):
@@ -83,8 +100,8 @@ def propose_response(results: list) -> worker_pb2.ProposeResponse:
                 status=OK,
                 token_ids=r.token_ids,
                 support=support,
-                q_token_ids=r.q_token_ids.reshape(-1).tolist(),
-                q_probs=r.q_probs.reshape(-1).tolist(),
+                q_token_ids=pack_ids(r.q_token_ids),
+                q_probs=pack_probs(r.q_probs),
                 num_cached=r.num_cached,
             )
         )
@@ -101,8 +118,8 @@ def proposals(response: worker_pb2.ProposeResponse) -> list:
         out.append(
             Proposal(
                 token_ids=list(r.token_ids),
-                q_token_ids=torch.tensor(list(r.q_token_ids), dtype=torch.int64).view(k, support),
-                q_probs=torch.tensor(list(r.q_probs), dtype=torch.float32).view(k, support),
+                q_token_ids=unpack_ids(r.q_token_ids, k, support),
+                q_probs=unpack_probs(r.q_probs, k, support),
                 num_cached=r.num_cached,
             )
         )
@@ -134,8 +151,8 @@ def verify_request(items: list[VerifyItem]) -> worker_pb2.VerifyRequest:
         if i.draft_token_ids:
             m.draft_token_ids.extend(i.draft_token_ids)
             m.support = i.q_token_ids.shape[1]
-            m.q_token_ids.extend(i.q_token_ids.reshape(-1).tolist())
-            m.q_probs.extend(i.q_probs.reshape(-1).tolist())
+            m.q_token_ids = pack_ids(i.q_token_ids)
+            m.q_probs = pack_probs(i.q_probs)
         out.append(m)
     return worker_pb2.VerifyRequest(items=out)
 
@@ -150,11 +167,11 @@ def verify_items(request: worker_pb2.VerifyRequest) -> list:
         item = VerifyItem(i.handle, i.cached_len, list(i.delta), list(i.draft_token_ids), logprobs=_optional(i, "logprobs"))
         if k:
             support = i.support
-            if support < 1 or len(i.q_token_ids) != k * support or len(i.q_probs) != k * support:
-                out.append(InvalidArgument(f"q must hold {k} x support entries; got support {support}, {len(i.q_probs)} probs"))
+            if support < 1 or len(i.q_token_ids) != 4 * k * support or len(i.q_probs) != 4 * k * support:
+                out.append(InvalidArgument(f"q must hold {k} x {support} entries of 4 bytes; got {len(i.q_token_ids)} and {len(i.q_probs)} bytes"))
                 continue
-            item.q_token_ids = torch.tensor(list(i.q_token_ids), dtype=torch.int64).view(k, support)
-            item.q_probs = torch.tensor(list(i.q_probs), dtype=torch.float32).view(k, support)
+            item.q_token_ids = unpack_ids(i.q_token_ids, k, support)
+            item.q_probs = unpack_probs(i.q_probs, k, support)
         out.append(item)
     return out
 

@@ -13,7 +13,8 @@ from specsplit.services.telemetry.service_observability import observe_worker
 log = logging.getLogger(__name__)
 
 
-def build_worker_service(role: str, model: str, dtype="float32", device="cpu", num_kv_blocks=None, block_size=16, draft_support=32):
+def build_worker_service(role: str, model: str, dtype="float32", device="cpu", num_kv_blocks=None, block_size=16, draft_support=32,
+                         synthetic_acceptance=None):
     loaded = load_model(model, dtype, device)
     runner = ModelRunner(loaded, num_blocks=num_kv_blocks, block_size=block_size)
     if role == "draft":
@@ -24,7 +25,9 @@ def build_worker_service(role: str, model: str, dtype="float32", device="cpu", n
     from specsplit.services.target.server import TargetService
     from specsplit.services.target.verifier import TargetVerifier
 
-    return TargetService(TargetVerifier(runner), loaded.name), "specsplit.v1.TargetWorker"
+    # synthetic_acceptance is for benchmarks only (not lossless); the verifier logs a loud warning when it is set.
+    verifier = TargetVerifier(runner, synthetic_acceptance=synthetic_acceptance)
+    return TargetService(verifier, loaded.name), "specsplit.v1.TargetWorker"
 
 
 async def serve_worker(role: str, model: str, host: str, port: int, lease_seconds: float = 600.0, metrics_port: int = -1,

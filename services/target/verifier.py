@@ -150,8 +150,9 @@ class TargetVerifier:
             [length + j for length, k in zip(committed_lens, num_draft) for j in range(k + 1)], torch.int64, device
         )
         sample_u = counter_uniform(seeds, row_positions, STREAM_SAMPLE)
-        draft_rows = to_device([r for r, (k, j) in enumerate((k, j) for k in num_draft for j in range(k + 1)) if j < k],
-                               torch.int64, device)
+        # Target rows that decide a proposal: sequence b's rows are [start_b, start_b + k_b]; all but the last.
+        starts = [0] + _cumsum([k + 1 for k in num_draft])
+        draft_rows = to_device([start + j for start, k in zip(starts, num_draft) for j in range(k)], torch.int64, device)
         draft_ids = to_device([t for item in items for t in item.draft_token_ids], torch.int64, device)
 
         if self.synthetic_acceptance is not None:  # benchmark only: the accept decision is a biased coin

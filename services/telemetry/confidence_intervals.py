@@ -41,7 +41,9 @@ def wilson(successes: int, trials: int) -> tuple[float, float] | None:
     z2 = Z95 * Z95
     center = (p + z2 / (2 * trials)) / (1 + z2 / trials)
     half = Z95 * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials * trials)) / (1 + z2 / trials)
-    return max(0.0, center - half), min(1.0, center + half)
+    low = 0.0 if successes == 0 else max(0.0, center - half)  # exact at the ends, where rounding would leave 1e-18
+    high = 1.0 if successes == trials else min(1.0, center + half)
+    return low, high
 
 
 def t_interval(n: int, mean: float, variance: float) -> tuple[float, float] | None:

@@ -25,20 +25,24 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 class ForwardClock:
     """Times the model forwards of a step, so a target step splits into score (forward) and verify (the rest)."""
 
+    ENTRY_POINTS = ("forward", "forward_flat")  # the runner's ways into the model; nested calls time as one
+
     def __init__(self, runner):
         self.reset()
-        forward = runner.forward
+        for name in self.ENTRY_POINTS:
+            if hasattr(runner, name):
+                setattr(runner, name, self._timed(getattr(runner, name)))  # on this instance only
 
-        def timed_forward(items):
+    def _timed(self, forward):
+        def timed_forward(*args, **kwargs):
             start = time.time_ns()
             try:
-                return forward(items)
+                return forward(*args, **kwargs)
             finally:
-                end = time.time_ns()
                 self.first_start = self.first_start or start
-                self.last_end = end
+                self.last_end = time.time_ns()
 
-        runner.forward = timed_forward  # the runner's own method, wrapped on this instance only
+        return timed_forward
 
     def reset(self) -> None:
         self.first_start = 0
@@ -112,7 +116,8 @@ class WorkerTelemetry:
         for _, arrived in arrivals:
             wait.observe(max(0, start - arrived) / 1e9)
         if tracing.enabled() and any(c is not None for c, _ in arrivals):
-            self._spans(kind, items, results if isinstance(results, list) else [results] * len(items), arrivals, start, end, stages)
+            per_item = results if isinstance(results, list) else [results] * len(items)
+            self._spans(kind, items, per_item, arrivals, start, end, stages)
 
     def _stages(self, kind, start, end, forward) -> dict[str, tuple[int, int]]:
         if kind == "verify" and forward is not None:
@@ -126,11 +131,15 @@ class WorkerTelemetry:
         from opentelemetry.trace import Link, Status, StatusCode
 
         tracer = tracing.tracer()
-        item_span_contexts = [trace.get_current_span(c).get_span_context() if c is not None else None for c, _ in arrivals]
+        # Requests the sampler left out (unsampled parents) get no spans here either, nor does a step serving only them.
+        sampled = [trace.get_current_span(c).get_span_context() for c, _ in arrivals if c is not None]
+        sampled = [c for c in sampled if c.trace_flags.sampled]
+        if not sampled:
+            return
         step = tracer.start_span(
             f"{self.role}.step",
             context=trace.set_span_in_context(trace.INVALID_SPAN),  # its own trace: it serves many
-            links=[Link(c) for c in item_span_contexts if c is not None],
+            links=[Link(c) for c in sampled],
             start_time=start,
             attributes={"specsplit.step.kind": kind, "specsplit.batch_size": len(items), "specsplit.role": self.role},
         )

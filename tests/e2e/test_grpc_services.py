@@ -2,6 +2,7 @@
 cancellation, deadlines and bad input."""
 
 import asyncio
+import struct
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -141,7 +142,7 @@ def test_worker_rejects_inconsistent_items_but_serves_the_rest(cluster):
         assert prefill.results[0].status.code == 0 and len(prefill.results[0].token_ids) == 1
         assert prefill.results[1].status.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
         verify = stub.Verify(worker_pb2.VerifyRequest(items=[
-            worker_pb2.VerifyItem(handle="h-good", cached_len=3, delta=list(prefill.results[0].token_ids), draft_token_ids=[5, 6], support=2, q_token_ids=[5], q_probs=[1.0]),
+            worker_pb2.VerifyItem(handle="h-good", cached_len=3, delta=list(prefill.results[0].token_ids), draft_token_ids=[5, 6], support=2, q_token_ids=struct.pack("<i", 5), q_probs=struct.pack("<f", 1.0)),
             worker_pb2.VerifyItem(handle="nobody", cached_len=0, delta=[1]),
             worker_pb2.VerifyItem(handle="h-good", cached_len=3, delta=list(prefill.results[0].token_ids)),
         ]), timeout=30)

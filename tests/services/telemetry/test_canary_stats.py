@@ -83,7 +83,7 @@ def test_totals_equal_the_requests_own_statistics(two_variants):
     coordinator, metrics = two_variants
     before = samples(metrics.registry)
     results = run(coordinator, [[5, 6, 7, 8], [9, 10], [11, 12, 13], [40, 41], [50, 60, 70], [3, 3, 3]],
-                  max_tokens=24, ignore_eos=True)
+                  max_tokens=16, ignore_eos=True)
     after = samples(metrics.registry)
 
     def grew(name, **labels):

@@ -24,6 +24,7 @@ def test_wilson_matches_scipy(k, n):
     expected = stats.binomtest(k, n).proportion_ci(0.95, method="wilson")
     assert wilson(k, n) == pytest.approx((expected.low, expected.high), abs=1e-6)
     assert wilson(0, 0) is None
+    assert wilson(0, n)[0] == 0.0 and wilson(n, n)[1] == 1.0  # a rate of exactly 0 or 1 lies inside its interval
 
 
 def test_newcombe_difference_matches_the_published_example():

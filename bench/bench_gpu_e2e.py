@@ -1,0 +1,385 @@
+"""End to end on one GPU: target-only, speculative in one process, speculative split across processes, and
+transformers `generate` / assisted generation, on random-weight models of Qwen2.5 shapes (bf16).
+
+Random weights give near-uniform next-token distributions, so a random draft is (almost) never accepted. To show
+realistic round shapes the speculative runs use the SYNTHETIC ACCEPTANCE benchmark mode
+(services/target/synthetic_acceptance.py, NOT LOSSLESS): each proposal is accepted with probability alpha by a coin;
+emitted tokens are still real samples of the target. Rows measured that way say `acceptance: synthetic`. alpha = 1
+is measured for real, with draft = target (same weights) and the real rejection sampler (greedy).
+
+All models use vocabulary 151936 (Qwen2.5 0.5B/1.5B's; the 7B's real 152064 would not match the draft's).
+The bound is E/(1+k*c) (DESIGN.md), with c = draft step / target step, both measured here at batch 1.
+
+    python3 bench/bench_gpu_e2e.py [--targets 7b,1.5b] [--batches 1,8,32,64] [--split-batches 1,8]
+"""
+
+import argparse
+import asyncio
+import gc
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+
+from bench_common import print_table, write_results  # noqa: E402
+from specsplit.services.coordinator.coordinator import CoordinatorConfig  # noqa: E402
+from specsplit.services.local_engine import LocalEngine  # noqa: E402
+from specsplit.services.models.config import DecoderConfig  # noqa: E402
+from specsplit.services.models.decoder import CausalDecoder  # noqa: E402
+from specsplit.services.models.loader import LoadedModel  # noqa: E402
+from specsplit.services.models.rotary import RotaryEmbedding  # noqa: E402
+from specsplit.services.runtime.model_runner import ForwardItem, ModelRunner  # noqa: E402
+from specsplit.services.sampling_params import SamplingParams  # noqa: E402
+
+VOCAB = int(os.environ.get("SPECSPLIT_BENCH_VOCAB", 151936))
+DEVICE = os.environ.get("SPECSPLIT_BENCH_DEVICE", "cuda")  # "cpu" only for a smoke run of this script
+QWEN25 = {  # Qwen2.5 config.json values (base and coder share them)
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, tie_word_embeddings=True),
+    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                 num_key_value_heads=2, tie_word_embeddings=True),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, tie_word_embeddings=False),  # smoke runs of this script only
+    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+               num_key_value_heads=4, tie_word_embeddings=False),
+}
+K = 4
+PROMPT_LEN = 32
+RESULTS: dict = {"rows": [], "notes": []}
+
+
+def _empty_cache():
+    if DEVICE != "cpu":
+        torch.cuda.empty_cache()
+
+
+def _sync():
+    if DEVICE != "cpu":
+        torch.cuda.synchronize()
+
+
+def log(*args):
+    print(*args, flush=True)
+
+
+def hf_random_model(size: str, seed: int):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=VOCAB, max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1e6,
+                         bos_token_id=None, eos_token_id=None, **QWEN25[size])
+    torch.manual_seed(seed)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(DEVICE):
+            model = Qwen2ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous)
+    with torch.no_grad():  # explicit init (never benchmark on uninitialised or zero weights)
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02)
+    return model.eval()
+
+
+def loaded_from_hf(hf, name: str) -> LoadedModel:
+    """Our decoder with the same weights, built in-process (what load_model does from a folder)."""
+    config = DecoderConfig.from_hf(hf.config)
+    with torch.device("meta"):
+        decoder = CausalDecoder(config)
+    decoder = decoder.to_empty(device=DEVICE).to(torch.bfloat16)
+    if config.tie_word_embeddings:
+        decoder.lm_head.weight = decoder.model.embed_tokens.weight
+    decoder.rotary = RotaryEmbedding(hf.config, config.head_dim).to(DEVICE)
+    decoder.load_hf_state_dict(dict(hf.state_dict()))
+    decoder.eval().requires_grad_(False)
+    return LoadedModel(decoder, config, None, "", name)
+
+
+def prompts(batch: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(batch)
+    return torch.randint(0, VOCAB, (batch, PROMPT_LEN), generator=g).tolist()
+
+
+def run_local(engine: LocalEngine, batch: int, k: int, max_tokens: int):
+    params = [SamplingParams(max_tokens=max_tokens, ignore_eos=True, num_speculative_tokens=k, temperature=0.0)
+              for _ in range(batch)]
+
+    async def main():
+        start = time.perf_counter()
+        results = await asyncio.gather(*(engine.generate(p, sp) for p, sp in zip(prompts(batch), params)))
+        elapsed = time.perf_counter() - start
+        await engine.coordinator.wait_idle()
+        return results, elapsed
+
+    results, elapsed = asyncio.run(main())
+    return summarize(results, elapsed, batch)
+
+
+def summarize(results, elapsed, batch) -> dict:
+    tokens = sum(len(r.token_ids) for r in results)
+    drafted = sum(r.stats.draft_tokens for r in results)
+    accepted = sum(r.stats.accepted_tokens for r in results)
+    rounds = sum(r.stats.rounds for r in results)
+    return {"tokens_per_s_total": tokens / elapsed, "tokens_per_s_per_request": tokens / elapsed / batch,
+            "accepted_per_drafted": accepted / drafted if drafted else None,
+            "tokens_per_round": (tokens - batch) / rounds if rounds else None, "seconds": elapsed}
+
+
+def step_time(loaded: LoadedModel, batch: int = 1, context: int = 64, repeats: int = 30) -> float:
+    """Median seconds of one decode step (1 new token per sequence) through ModelRunner, eager."""
+    runner = ModelRunner(loaded, num_blocks=batch * (context // 16 + 8))
+    tables = [runner.block_manager.allocate(0) for _ in range(batch)]
+    first = [ForwardItem(t, list(range(1, context + 1)), 1) for t in tables]
+    runner.reserve(first)
+    runner.forward(first)
+    samples = []
+    for i in range(repeats):
+        items = [ForwardItem(t, [5], 1) for t in tables]
+        runner.reserve(items)
+        _sync()
+        t0 = time.perf_counter()
+        runner.forward(items)
+        _sync()
+        samples.append(time.perf_counter() - t0)
+    del runner
+    return sorted(samples)[len(samples) // 2]
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    return k + 1 if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def _per_token_alpha(accepted_per_drafted: float, k: int) -> float:
+    """Invert accepted/drafted = (a + a^2 + ... + a^k) / k for the per-proposal rate a (bisection)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(50):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sum(mid**i for i in range(1, k + 1)) / k < accepted_per_drafted else (lo, mid)
+    return lo
+
+
+def hf_generate(hf_target, hf_draft, max_tokens: int) -> dict:
+    ids = torch.tensor(prompts(1), device=DEVICE)
+    out = {}
+    for name, extra in (("transformers_generate", {}), ("transformers_assisted", {"assistant_model": hf_draft})):
+        kwargs = dict(do_sample=False, eos_token_id=None, pad_token_id=0, **extra)
+        with torch.no_grad():
+            hf_target.generate(ids, max_new_tokens=8, min_new_tokens=8, **kwargs)  # warm-up
+            _sync()
+            t0 = time.perf_counter()
+            result = hf_target.generate(ids, max_new_tokens=max_tokens, min_new_tokens=max_tokens, **kwargs)
+            _sync()
+        elapsed = time.perf_counter() - t0
+        new = result.shape[1] - ids.shape[1]
+        out[name] = new / elapsed
+    return out
+
+
+def correctness_check() -> dict:
+    """Greedy fp32 on the GPU (Triton path) equals the CPU torch path, on a tiny model pair, before timing."""
+    from tiny_models import build_model, perturbed_copy, save_model
+
+    root = Path(tempfile.mkdtemp())
+    target = build_model("qwen2", seed=0)
+    target_dir = save_model(target, root / "t")
+    draft_dir = save_model(perturbed_copy(target, 0.01), root / "d")
+    outs = {}
+    for device in ("cpu", DEVICE):
+        engine = LocalEngine(str(target_dir), str(draft_dir), num_speculative_tokens=4, device=device)
+        outs[device] = {k: [r["ids"] for r in _tiny_run(engine, k)] for k in (0, 4)}
+    same = outs["cpu"] == outs[DEVICE] and outs["cpu"][0] == outs["cpu"][4]
+    bf16 = LocalEngine(str(target_dir), str(draft_dir), num_speculative_tokens=4, device=DEVICE, dtype="bfloat16")
+    bf16_out = [r["ids"] for r in _tiny_run(bf16, 4)]
+    ref = outs["cpu"][0]
+    agree = sum(next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(y)) for x, y in zip(bf16_out, ref))
+    return {"fp32_gpu_equals_cpu": same, "bf16_greedy_match_rate": agree / sum(len(r) for r in ref)}
+
+
+def _tiny_run(engine, k):
+    params = SamplingParams(max_tokens=24, ignore_eos=True, num_speculative_tokens=k)
+
+    async def main():
+        res = await asyncio.gather(*(engine.generate([i + 1, 7, 9, 11], params) for i in range(4)))
+        await engine.coordinator.wait_idle()
+        return res
+
+    return [{"ids": r.token_ids} for r in asyncio.run(main())]
+
+
+def split_runs(target_dir, draft_dir, alpha, batches, max_tokens, device_target, device_draft, size) -> list[dict]:
+    from specsplit.client import Client
+    from specsplit.services.service_commands import spawn_service
+
+    common = ["--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1", "--dtype", "bfloat16"]
+    procs = []
+    rows = []
+    try:
+        t0 = time.perf_counter()
+        target, t_addr = spawn_service(["target", "--model", str(target_dir), "--device", device_target, *common,
+                                        "--synthetic-acceptance", str(alpha)])
+        procs.append(target)
+        draft, d_addr = spawn_service(["draft", "--model", str(draft_dir), "--device", device_draft, *common])
+        procs.append(draft)
+        coord, c_addr = spawn_service(["coordinator", "--target", t_addr, "--draft", d_addr, "-k", str(K),
+                                       "--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1"])
+        procs.append(coord)
+        log(f"split services up in {time.perf_counter() - t0:.1f}s")
+        with Client(c_addr, timeout=600) as client:
+            def one(p, k, n):
+                return client.generate(p, max_tokens=n, ignore_eos=True, num_speculative_tokens=k, temperature=0.0)
+
+            one(prompts(1)[0], K, 16)  # warm-up
+            one(prompts(1)[0], 0, 16)
+            for batch in batches:
+                for k in (0, K):
+                    with ThreadPoolExecutor(batch) as pool:
+                        start = time.perf_counter()
+                        results = list(pool.map(lambda p: one(p, k, max_tokens), prompts(batch)))
+                        elapsed = time.perf_counter() - start
+                    row = {"target": size, "mode": "split" if k else "split_target_only", "batch": batch, "k": k,
+                           "alpha": alpha if k else None, "acceptance": "synthetic" if k else None,
+                           "devices": f"target {device_target}, draft {device_draft}", **summarize(results, elapsed, batch)}
+                    rows.append(row)
+                    log(row)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except Exception:
+                p.kill()
+    return rows
+
+
+def save(extra_name: str):
+    write_results(f"gpu_e2e{extra_name}", RESULTS["rows"], {k: v for k, v in RESULTS.items() if k != "rows"})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--targets", default="7b,1.5b")
+    parser.add_argument("--batches", default="1,8,32,64")
+    parser.add_argument("--alphas", default="0.5,0.7,0.9")
+    parser.add_argument("--split-batches", default="1,8", help="'' = no split runs")
+    parser.add_argument("--split-alpha", type=float, default=0.7)
+    parser.add_argument("--split-devices", default="cuda:0,cuda:0", help="target device, draft device")
+    parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--name", default="", help="suffix of the results file")
+    parser.add_argument("--draft-size", default="0.5b")
+    parser.add_argument("--skip-check", action="store_true")
+    args = parser.parse_args()
+    batches = [int(b) for b in args.batches.split(",") if b]
+    alphas = [float(a) for a in args.alphas.split(",") if a]
+    RESULTS.update({"k": K, "max_tokens": args.max_tokens, "prompt_len": PROMPT_LEN, "vocab": VOCAB,
+                    "dtype": "bfloat16", "models": "random-weight Qwen2.5 shapes (0.5B draft; 1.5B/7B targets)",
+                    "acceptance_note": "rows with acceptance=synthetic use the NOT-LOSSLESS synthetic acceptance mode"})
+    if not args.skip_check:
+        RESULTS["correctness"] = correctness_check()
+        log("correctness:", RESULTS["correctness"])
+        save(args.name)
+
+    hf_draft = hf_random_model(args.draft_size, seed=1)
+    draft = loaded_from_hf(hf_draft, "random-qwen2.5-0.5b")
+    for size in args.targets.split(","):
+        t_build = time.perf_counter()
+        hf_target = hf_random_model(size, seed=2)
+        target = loaded_from_hf(hf_target, f"random-qwen2.5-{size}")
+        log(f"built {size} in {time.perf_counter() - t_build:.1f}s")
+        t_draft, t_target = step_time(draft), step_time(target)
+        c = t_draft / t_target
+        RESULTS.setdefault("step_ms", {})[size] = {"draft": 1000 * t_draft, "target": 1000 * t_target, "c": c}
+        log(f"{size}: draft step {1000 * t_draft:.2f} ms, target step {1000 * t_target:.2f} ms, c = {c:.3f}")
+
+        hf = hf_generate(hf_target, hf_draft, args.max_tokens)
+        for name, tps in hf.items():
+            RESULTS["rows"].append({"target": size, "mode": name, "batch": 1, "tokens_per_s_total": tps,
+                                    "tokens_per_s_per_request": tps, "acceptance": "real (random weights)" if "assisted" in name else None})
+        log(size, hf)
+        split_dirs = None
+        if args.split_batches:
+            root = Path(tempfile.mkdtemp(dir=os.environ.get("SPECSPLIT_BENCH_TMP")))
+            t_save = time.perf_counter()
+            hf_target.save_pretrained(root / "target")
+            hf_draft.save_pretrained(root / "draft")
+            split_dirs = (root / "target", root / "draft")
+            log(f"saved models in {time.perf_counter() - t_save:.1f}s")
+        del hf_target
+        gc.collect()
+        _empty_cache()
+
+        config = CoordinatorConfig(max_num_seqs=256)
+        engine = LocalEngine(target, draft, num_speculative_tokens=K, coordinator_config=config)
+        run_local(engine, 2, K, 16)  # warm-up (compiles kernels)
+        run_local(engine, 2, 0, 16)
+        baseline = {}
+        for batch in batches:
+            row = {"target": size, "mode": "target_only", "batch": batch, "k": 0, **run_local(engine, batch, 0, args.max_tokens)}
+            baseline[batch] = row["tokens_per_s_total"]
+            RESULTS["rows"].append(row)
+            log(row)
+            for alpha in alphas:
+                engine.verifier.synthetic_acceptance = alpha  # benchmark-only switch, labelled below
+                row = {"target": size, "mode": "speculative_in_process", "batch": batch, "k": K, "alpha": alpha,
+                       "acceptance": "synthetic", **run_local(engine, batch, K, args.max_tokens)}
+                engine.verifier.synthetic_acceptance = None
+                row["speedup"] = row["tokens_per_s_total"] / baseline[batch]
+                row["bound"] = expected_tokens(alpha, K) / (1 + K * c)
+                row["share_of_bound"] = row["speedup"] / row["bound"]
+                RESULTS["rows"].append(row)
+                log(row)
+            save(args.name)
+        del engine
+        gc.collect()
+
+        # alpha = 1 for real: the target drafts for itself (c = 1), real rejection sampler, greedy.
+        self_engine = LocalEngine(target, target, num_speculative_tokens=K, coordinator_config=CoordinatorConfig(max_num_seqs=256))
+        run_local(self_engine, 2, K, 16)
+        for batch in batches[:2]:
+            row = {"target": size, "mode": "speculative_in_process_draft_is_target", "batch": batch, "k": K,
+                   "alpha": 1.0, "acceptance": "real", **run_local(self_engine, batch, K, args.max_tokens)}
+            measured = row["accepted_per_drafted"] or 0.0
+            row["speedup"] = row["tokens_per_s_total"] / baseline[batch]
+            row["bound"] = expected_tokens(_per_token_alpha(measured, K), K) / (1 + K)  # c = 1
+            row["share_of_bound"] = row["speedup"] / row["bound"]
+            RESULTS["rows"].append(row)
+            log(row)
+        del self_engine
+        gc.collect()
+        _empty_cache()
+        save(args.name)
+
+        if split_dirs:
+            devices = args.split_devices.split(",")
+            in_process = {r["batch"]: r for r in RESULTS["rows"] if r["target"] == size
+                          and r["mode"] == "speculative_in_process" and r.get("alpha") == args.split_alpha}
+            rows = split_runs(*split_dirs, args.split_alpha, [int(b) for b in args.split_batches.split(",")],
+                              args.max_tokens, devices[0], devices[1], size)
+            for row in rows:
+                ref = in_process.get(row["batch"]) if row["k"] else None
+                if ref:
+                    row["split_cost_vs_in_process"] = 1 - row["tokens_per_s_total"] / ref["tokens_per_s_total"]
+                RESULTS["rows"].append(row)
+            save(args.name)
+        del target
+        gc.collect()
+        _empty_cache()
+
+    print_table(RESULTS["rows"], ["target", "mode", "batch", "alpha", "tokens_per_s_total", "tokens_per_s_per_request",
+                                  "tokens_per_round", "speedup", "bound", "share_of_bound", "split_cost_vs_in_process"])
+    print("step_ms:", RESULTS.get("step_ms"))
+    print("correctness:", RESULTS.get("correctness"))
+
+
+if __name__ == "__main__":
+    main()
