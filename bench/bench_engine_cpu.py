@@ -12,6 +12,7 @@ target-only with the Leviathan bound E/(1+k*c) beside it, c measured as draft st
 import argparse
 import asyncio
 import copy
+import statistics
 import sys
 import tempfile
 import time
@@ -81,6 +82,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--batch", type=int, default=1, help="concurrent requests per measurement")
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     # Small models on 2 cores run faster single-threaded (no thread hand-offs per tiny op).
     torch.set_num_threads(1)
@@ -93,31 +95,40 @@ def main() -> None:
     rows = []
     engine = LocalEngine(target, draft, num_speculative_tokens=8, coordinator_config=CoordinatorConfig())
     asyncio.run(run(engine, prompts[:1], SamplingParams(max_tokens=8)))  # warm-up
-    baseline = None
-    for k in range(0, 9):
-        p = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, num_speculative_tokens=k)
-        tokens, elapsed_total, drafted, accepted, rounds = 0, 0.0, 0, 0, 0
-        outputs = []
-        for i in range(0, len(prompts), args.batch):
-            results, elapsed = asyncio.run(run(engine, prompts[i : i + args.batch], p))
-            elapsed_total += elapsed
-            tokens += sum(len(r.token_ids) for r in results)
-            drafted += sum(r.stats.draft_tokens for r in results)
-            accepted += sum(r.stats.accepted_tokens for r in results)
-            rounds += sum(r.stats.rounds for r in results)
-            outputs.extend(r.token_ids for r in results)
-        if k == 0:
-            baseline, reference = tokens / elapsed_total, outputs
+    # Every k runs once per repetition, in turn, so load that drifts over the run hits every k alike; each k's
+    # time is its median over repetitions.
+    ks = list(range(0, 9))
+    times = {k: [] for k in ks}
+    stats = {}
+    for _ in range(args.repeats):
+        for k in ks:
+            p = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, num_speculative_tokens=k)
+            elapsed_total, results_all = 0.0, []
+            for i in range(0, len(prompts), args.batch):
+                results, elapsed = asyncio.run(run(engine, prompts[i : i + args.batch], p))
+                elapsed_total += elapsed
+                results_all.extend(results)
+            times[k].append(elapsed_total)
+            stats[k] = results_all
+    reference = [r.token_ids for r in stats[0]]
+    tokens = sum(len(t) for t in reference)
+    baseline = tokens / statistics.median(times[0])
+    for k in ks:
+        results = stats[k]
+        drafted = sum(r.stats.draft_tokens for r in results)
+        accepted = sum(r.stats.accepted_tokens for r in results)
+        rounds = sum(r.stats.rounds for r in results)
         alpha = accepted / drafted if drafted else 0.0
         expected = (1 - alpha ** (k + 1)) / (1 - alpha) if alpha < 1 else k + 1
+        tps = tokens / statistics.median(times[k])
         rows.append({
             "k": k,
-            "tokens_per_s": tokens / elapsed_total,
-            "speedup": tokens / elapsed_total / baseline,
+            "tokens_per_s": tps,
+            "speedup": tps / baseline,
             "acceptance": alpha,
             "tokens_per_round": (tokens - len(prompts)) / rounds if rounds else 0.0,
             "bound": expected / (1 + k * c) if k else 1.0,
-            "identical_to_target_only": outputs == reference,
+            "identical_to_target_only": [r.token_ids for r in results] == reference,
         })
     write_results(f"engine_cpu_batch{args.batch}", rows, {"draft_target_step_cost_ratio_c": c, "max_tokens": args.max_tokens,
                                                        "models": "random Qwen2 12-layer target (hidden 256), draft = its first 3 layers"})

@@ -47,7 +47,7 @@ async def run_all(engine, prompts, params, concurrency):
 
 
 def acceptance_part(args, target_dir, draft_dir) -> tuple[list[dict], dict]:
-    engine = LocalEngine(str(target_dir), str(draft_dir), num_speculative_tokens=6,
+    engine = LocalEngine(str(target_dir), str(draft_dir), num_speculative_tokens=6, num_kv_blocks=args.kv_blocks,
                          coordinator_config=CoordinatorConfig(max_num_seqs=args.concurrency))
     sets = {
         "humaneval": [p["prompt"] for p in humaneval_prompts(args.acceptance_prompts)],
@@ -116,7 +116,8 @@ def speed_part(args, target_dir, draft_dir) -> tuple[list[dict], dict]:
     del target, draft
     gc.collect()
 
-    serve, address = spawn_service(["serve", "--target", str(target_dir), "--draft", str(draft_dir), "--port", "0", "--metrics-port", "0", "-k", "4"])
+    serve, address = spawn_service(["serve", "--target", str(target_dir), "--draft", str(draft_dir), "--port", "0", "--metrics-port", "0",
+                                    "-k", "4", "--num-kv-blocks", str(args.kv_blocks)])
     try:
         with Client(address, timeout=3600) as client:
             client.generate(ids[0], max_tokens=4)  # warm-up
@@ -130,7 +131,7 @@ def speed_part(args, target_dir, draft_dir) -> tuple[list[dict], dict]:
         serve.terminate()
         serve.wait(timeout=60)
 
-    engine = LocalEngine(str(target_dir), str(draft_dir), num_speculative_tokens=4)
+    engine = LocalEngine(str(target_dir), str(draft_dir), num_speculative_tokens=4, num_kv_blocks=args.kv_blocks)
     for prompt_ids in ids:
         start = time.perf_counter()
         r = asyncio.run(engine.generate(prompt_ids, SamplingParams(max_tokens=n, num_speculative_tokens=4)))
@@ -161,6 +162,7 @@ def main() -> None:
     parser.add_argument("--speed-prompts", type=int, default=10)
     parser.add_argument("--speed-max-tokens", type=int, default=64)
     parser.add_argument("--skip-acceptance", action="store_true")
+    parser.add_argument("--kv-blocks", type=int, default=512, help="KV blocks per model (16 tokens each)")
     args = parser.parse_args()
     target_dir, draft_dir = resolve_model(TARGET), resolve_model(DRAFT)
     extra = {"target": TARGET, "draft": DRAFT, "dtype": "float32", "args": vars(args)}

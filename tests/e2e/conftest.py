@@ -9,7 +9,7 @@ def cluster(tiny_pair):
     `one_target` routes to draft_a and draft_b over target_a; `two_targets` routes to target_a and target_b with
     draft_a."""
     c = Cluster()
-    model = ["--dtype", "float64"]
+    model = ["--dtype", "float64", "--metrics-port", "-1"]
     try:
         c.start({
             "target_a": ["target", "--model", str(tiny_pair["target"]), "--host", "127.0.0.1", "--port", "0", *model],
@@ -19,8 +19,8 @@ def cluster(tiny_pair):
         })
         a = c.addresses
         c.start({
-            "one_target": ["coordinator", "--target", a["target_a"], "--draft", f"{a['draft_a']},{a['draft_b']}", "--host", "127.0.0.1", "--port", "0", "-k", "4"],
-            "two_targets": ["coordinator", "--target", f"{a['target_a']},{a['target_b']}", "--draft", a["draft_a"], "--host", "127.0.0.1", "--port", "0", "-k", "4"],
+            "one_target": ["coordinator", "--target", a["target_a"], "--draft", f"{a['draft_a']},{a['draft_b']}", "--host", "127.0.0.1", "--port", "0", "-k", "4", "--metrics-port", "-1"],
+            "two_targets": ["coordinator", "--target", f"{a['target_a']},{a['target_b']}", "--draft", a["draft_a"], "--host", "127.0.0.1", "--port", "0", "-k", "4", "--metrics-port", "-1"],
         })
         yield c
     finally:
