@@ -262,6 +262,36 @@ def split_runs(target_dir, draft_dir, alpha, batches, max_tokens, device_target,
     return rows
 
 
+def split_only(args, size, hf_target, hf_draft, target, draft) -> None:
+    """In-process on the target's device, then the three services (target and draft on --split-devices)."""
+    batches = [int(b) for b in args.split_batches.split(",")]
+    root = Path(tempfile.mkdtemp())
+    hf_target.save_pretrained(root / "target")
+    hf_draft.save_pretrained(root / "draft")
+    engine = LocalEngine(target, draft, num_speculative_tokens=K, coordinator_config=CoordinatorConfig(max_num_seqs=256),
+                         synthetic_acceptance=args.split_alpha)
+    run_local(engine, 2, K, 16)
+    run_local(engine, 2, 0, 16)
+    in_process = {}
+    for batch in batches:
+        for k in (0, K):
+            row = {"target": size, "mode": "speculative_in_process" if k else "target_only", "batch": batch, "k": k,
+                   "alpha": args.split_alpha if k else None, "acceptance": "synthetic" if k else None,
+                   **run_local(engine, batch, k, args.max_tokens)}
+            in_process[(batch, k)] = row
+            RESULTS["rows"].append(row)
+            log(row)
+    del engine
+    gc.collect()
+    devices = args.split_devices.split(",")
+    for row in split_runs(root / "target", root / "draft", args.split_alpha, batches, args.max_tokens, devices[0],
+                          devices[1], size):
+        ref = in_process[(row["batch"], row["k"])]
+        row["split_cost_vs_in_process"] = 1 - row["tokens_per_s_total"] / ref["tokens_per_s_total"]
+        RESULTS["rows"].append(row)
+    save(args.name)
+
+
 def save(extra_name: str):
     write_results(f"gpu_e2e{extra_name}", RESULTS["rows"], {k: v for k, v in RESULTS.items() if k != "rows"})
 
@@ -277,6 +307,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--name", default="", help="suffix of the results file")
     parser.add_argument("--draft-size", default="0.5b")
+    parser.add_argument("--split-only", action="store_true",
+                        help="only in-process vs split at --split-alpha and --split-batches (e.g. on two GPUs)")
     parser.add_argument("--skip-check", action="store_true")
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",") if b]
@@ -301,6 +333,9 @@ def main() -> None:
         RESULTS.setdefault("step_ms", {})[size] = {"draft": 1000 * t_draft, "target": 1000 * t_target, "c": c}
         log(f"{size}: draft step {1000 * t_draft:.2f} ms, target step {1000 * t_target:.2f} ms, c = {c:.3f}")
 
+        if args.split_only:
+            split_only(args, size, hf_target, hf_draft, target, draft)
+            continue
         hf = hf_generate(hf_target, hf_draft, args.max_tokens)
         for name, tps in hf.items():
             RESULTS["rows"].append({"target": size, "mode": name, "batch": 1, "tokens_per_s_total": tps,
@@ -338,6 +373,17 @@ def main() -> None:
                 row["share_of_bound"] = row["speedup"] / row["bound"]
                 RESULTS["rows"].append(row)
                 log(row)
+            # Speculation turned off by batch size (the coordinator's disable_speculation_batch_size): on at batch 1,
+            # off from 2 decoding sequences, since on this engine speculation loses to plain decoding there.
+            engine.coordinator.config.disable_speculation_batch_size = 2
+            engine.verifier.synthetic_acceptance = max(alphas)
+            row = {"target": size, "mode": "speculative_off_from_batch_2", "batch": batch, "k": K, "alpha": max(alphas),
+                   "acceptance": "synthetic", **run_local(engine, batch, K, args.max_tokens)}
+            engine.verifier.synthetic_acceptance = None
+            engine.coordinator.config.disable_speculation_batch_size = 0
+            row["speedup"] = row["tokens_per_s_total"] / baseline[batch]
+            RESULTS["rows"].append(row)
+            log(row)
             save(args.name)
         del engine
         gc.collect()

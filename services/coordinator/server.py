@@ -6,8 +6,6 @@ request, which releases its KV on the draft and target replicas.
 
 import logging
 
-import grpc
-
 from specsplit.proto.v1 import generation_pb2, generation_pb2_grpc
 from specsplit.services.coordinator import public_messages as pm
 from specsplit.services.coordinator.coordinator import Coordinator

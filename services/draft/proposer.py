@@ -58,13 +58,7 @@ class DraftProposer:
         forward: list[tuple[int, ForwardItem]] = []
         for i, item in enumerate(items):
             try:
-                if not item.token_ids:
-                    raise InvalidArgument("prompt must not be empty")
-                if len(item.token_ids) >= self.runner.max_model_len:
-                    raise InvalidArgument(
-                        f"prompt of {len(item.token_ids)} tokens does not fit the draft's context of "
-                        f"{self.runner.max_model_len}"
-                    )
+                self.sequences.check_prompt(item.token_ids, "draft")
                 sequence = self.sequences.create(item.handle, item.sampling)
                 forward.append((i, ForwardItem(sequence.table, item.token_ids, 0)))
             except Exception as error:  # per-item failure; the rest of the batch goes on
@@ -100,7 +94,7 @@ class DraftProposer:
         q_probs = {i: [] for i, _ in live}
         step_logits = {i: logits[i] for i, _ in live}
         stepping = [i for i, _ in live if items[i].k > 0]
-        step = 0
+        step, step_rows = 0, None  # step_rows: the last forward's logits, one row per stepping sequence
         while stepping:
             step += 1
             sequences = [self.sequences.get(items[i].handle) for i in stepping]

@@ -6,6 +6,7 @@ into chunks of at most `max_batch_tokens` so a long prompt never needs one giant
 """
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -114,7 +115,7 @@ class ModelRunner:
             slot_mapping=to_device(slots, torch.int64, dev),
             block_tables=to_device([t + [-1] * (width - len(t)) for t in tables], torch.int32, dev),
             seq_lens=to_device(seq_lens, torch.int32, dev),
-            query_start_loc=to_device([0] + _cumsum(query_lens), torch.int32, dev),
+            query_start_loc=to_device([0] + list(accumulate(query_lens)), torch.int32, dev),
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
         )
@@ -134,10 +135,3 @@ class ModelRunner:
             cursor += take
         return out
 
-
-def _cumsum(values: list[int]) -> list[int]:
-    total, out = 0, []
-    for v in values:
-        total += v
-        out.append(total)
-    return out

@@ -66,6 +66,17 @@ class WorkerSequences:
         sequence.last_used = time.monotonic()
         return sequence
 
+    def check_prompt(self, token_ids: list[int], role: str) -> None:
+        """A prompt a worker can take: non-empty, inside the vocabulary, shorter than the served context."""
+        if not token_ids:
+            raise InvalidArgument("prompt must not be empty")
+        if len(token_ids) >= self.runner.max_model_len:
+            raise InvalidArgument(
+                f"prompt of {len(token_ids)} tokens does not fit the {role}'s context of {self.runner.max_model_len}"
+            )
+        if any(not 0 <= t < self.runner.vocab_size for t in token_ids):
+            raise InvalidArgument(f"prompt token ids must be in [0, {self.runner.vocab_size})")
+
     def rewind(self, sequence: WorkerSequence, cached_len: int) -> None:
         """Drop KV past `cached_len` tokens: the coordinator says how many of the cached tokens are committed."""
         if cached_len > sequence.table.num_tokens or cached_len < 0:

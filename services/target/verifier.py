@@ -8,6 +8,7 @@ A prefill is the same operation with the prompt as delta and no proposals: it sa
 """
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import torch
 
@@ -67,15 +68,7 @@ class TargetVerifier:
         verify_items, index = [], []
         for i, item in enumerate(items):
             try:
-                if not item.token_ids:
-                    raise InvalidArgument("prompt must not be empty")
-                if len(item.token_ids) >= self.runner.max_model_len:
-                    raise InvalidArgument(
-                        f"prompt of {len(item.token_ids)} tokens does not fit the target's context of "
-                        f"{self.runner.max_model_len}"
-                    )
-                if any(not 0 <= t < self.runner.vocab_size for t in item.token_ids):
-                    raise InvalidArgument(f"prompt token ids must be in [0, {self.runner.vocab_size})")
+                self.sequences.check_prompt(item.token_ids, "target")
                 self.sequences.create(item.handle, item.sampling)
                 verify_items.append(VerifyItem(item.handle, 0, list(item.token_ids), logprobs=item.logprobs))
                 index.append(i)
@@ -151,7 +144,7 @@ class TargetVerifier:
         )
         sample_u = counter_uniform(seeds, row_positions, STREAM_SAMPLE)
         # Target rows that decide a proposal: sequence b's rows are [start_b, start_b + k_b]; all but the last.
-        starts = [0] + _cumsum([k + 1 for k in num_draft])
+        starts = [0] + list(accumulate(k + 1 for k in num_draft))
         draft_rows = to_device([start + j for start, k in zip(starts, num_draft) for j in range(k)], torch.int64, device)
         draft_ids = to_device([t for item in items for t in item.draft_token_ids], torch.int64, device)
 
@@ -165,7 +158,7 @@ class TargetVerifier:
             q_ids = torch.cat([_pad(item.q_token_ids, k, support, torch.int64) for item, k in zip(items, num_draft)])
             q_probs = torch.cat([_pad(item.q_probs, k, support, torch.float32) for item, k in zip(items, num_draft)])
             q_ids, q_probs = _on(q_ids, device), _on(q_probs, device)
-            cu = to_device([0] + _cumsum(num_draft), torch.int64, device)
+            cu = to_device([0] + list(accumulate(num_draft)), torch.int64, device)
             output, num_accepted = rejection_sample(probs, draft_ids, q_ids, q_probs, cu, accept_u, sample_u,
                                                     max_num_draft=max(num_draft, default=0))
         output, num_accepted = to_host(output, num_accepted)
@@ -200,10 +193,3 @@ def _on(tensor: torch.Tensor, device) -> torch.Tensor:
         return tensor.to(device)
     return tensor.pin_memory().to(device, non_blocking=True)
 
-
-def _cumsum(values):
-    total, out = 0, []
-    for v in values:
-        total += v
-        out.append(total)
-    return out

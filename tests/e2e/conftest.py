@@ -9,7 +9,7 @@ def cluster(tiny_pair):
     `one_target` routes to draft_a and draft_b over target_a; `two_targets` routes to target_a and target_b with
     draft_a."""
     c = Cluster()
-    model = ["--dtype", "float64", "--metrics-port", "-1"]
+    model = ["--dtype", "float64", "--metrics-port", "-1", "--num-kv-blocks", "512"]
     try:
         c.start({
             "target_a": ["target", "--model", str(tiny_pair["target"]), "--host", "127.0.0.1", "--port", "0", *model],

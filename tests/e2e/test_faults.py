@@ -44,7 +44,8 @@ def faulty(tiny_pair):
     for name, role, model in [("target_a", "target", "target"), ("target_b", "target", "target"),
                               ("draft_a", "draft", "close"), ("draft_b", "draft", "close")]:
         c.worker_argv[name] = [role, "--model", str(tiny_pair[model]), "--host", "127.0.0.1", "--port", str(free_port()),
-                               "--dtype", "float64", "--lease-seconds", "4", "--metrics-port", "-1"]
+                               "--dtype", "float64", "--lease-seconds", "4", "--metrics-port", "-1",
+                               "--num-kv-blocks", "512"]
     try:
         c.start(dict(c.worker_argv))
         a = c.addresses

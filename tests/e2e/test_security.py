@@ -71,7 +71,7 @@ def pki(tmp_path_factory):
 def secure_cluster(tiny_pair, pki):
     server_cert, server_key = pki["server"]
     client_cert, client_key = pki["client"]
-    mtls = ["--tls-cert", server_cert, "--tls-key", server_key, "--tls-client-ca", pki["ca"]]
+    mtls = ["--tls-cert", server_cert, "--tls-key", server_key, "--tls-client-ca", pki["ca"], "--num-kv-blocks", "256"]
     processes = []
     try:
         target, target_addr = spawn_service(["target", "--model", str(tiny_pair["target"]), "--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1", *mtls])
