@@ -58,11 +58,15 @@ def main() -> None:
     root = Path(tempfile.mkdtemp())
     target_dir, draft_dir = build_pair(root)
     batches = [int(b) for b in args.batches.split(",")]
-    engine = LocalEngine(str(target_dir), str(draft_dir), num_speculative_tokens=4, coordinator_config=CoordinatorConfig(max_num_seqs=256))
+    engine = LocalEngine(str(target_dir), str(draft_dir), num_speculative_tokens=4, num_kv_blocks=1024,
+                         coordinator_config=CoordinatorConfig(max_num_seqs=256))
     cluster = Cluster()
     common = ["--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1"]
-    cluster.start({"target": ["target", "--model", str(target_dir), *common], "draft": ["draft", "--model", str(draft_dir), *common]})
-    cluster.start({"coordinator": ["coordinator", "--target", cluster.addresses["target"], "--draft", cluster.addresses["draft"], *common, "-k", "4"]})
+    kv = ["--num-kv-blocks", "1024"]
+    # The services get the same single torch thread as the in-process engine, so the comparison is like for like.
+    env = {"OMP_NUM_THREADS": "1"}
+    cluster.start({"target": ["target", "--model", str(target_dir), *common, *kv], "draft": ["draft", "--model", str(draft_dir), *common, *kv]}, env=env)
+    cluster.start({"coordinator": ["coordinator", "--target", cluster.addresses["target"], "--draft", cluster.addresses["draft"], *common, "-k", "4"]}, env=env)
     rows = []
     try:
         with Client(cluster.addresses["coordinator"], timeout=600) as client:
