@@ -91,7 +91,6 @@ def main() -> None:
     target, draft = load_model(str(target_dir)), load_model(str(draft_dir))
     c = step_cost_ratio(target_dir, draft_dir)
     prompts = (PROMPTS * ((args.batch + len(PROMPTS) - 1) // len(PROMPTS)))[: max(args.batch, len(PROMPTS))]
-    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
     rows = []
     engine = LocalEngine(target, draft, num_speculative_tokens=8, num_kv_blocks=512, coordinator_config=CoordinatorConfig())
     asyncio.run(run(engine, prompts[:1], SamplingParams(max_tokens=8)))  # warm-up

@@ -5,7 +5,6 @@ drawn with a larger spread than training init so next-token distributions are pe
 which keeps greedy decoding away from near-ties.
 """
 
-import json
 from pathlib import Path
 
 import torch
@@ -64,8 +63,8 @@ def build_model(arch="qwen2", seed=0, scale=0.15, vocab_size=BYTE_VOCAB, **overr
         for p in model.parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, scale)
-            elif "norm" not in "":
-                p.normal_(0.0, scale * 0.1) if p.abs().sum() == 0 else None
+            elif p.abs().sum() == 0:  # biases start at zero; give them values too (norm weights stay 1)
+                p.normal_(0.0, scale * 0.1)
     return model
 
 

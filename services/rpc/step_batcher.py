@@ -38,29 +38,6 @@ class StepBatcher:
             self._cond.notify()
         return await future
 
-    def run_now(self, kind: str, items: list) -> list:
-        """Run on the compute thread from synchronous code (tests, housekeeping), waiting for the result."""
-        done = threading.Event()
-        box = {}
-
-        class _Future:
-            def cancelled(self):
-                return False
-
-            def set_result(self, value):
-                box["value"] = value
-                done.set()
-
-        class _Loop:
-            def call_soon_threadsafe(self, fn, *args):
-                fn(*args)
-
-        with self._cond:
-            self._pending.append((kind, items, _Future(), _Loop()))
-            self._cond.notify()
-        done.wait()
-        return box["value"]
-
     def stop(self) -> None:
         with self._cond:
             self._stopped = True

@@ -3,18 +3,15 @@ cancellation, deadlines and bad input."""
 
 import asyncio
 import struct
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
-import torch
 
 from specsplit.client import Client
 from specsplit.proto.v1 import generation_pb2, worker_pb2, worker_pb2_grpc
 from specsplit.services.local_engine import LocalEngine
 from specsplit.services.sampling_params import SamplingParams
-from tiny_models import byte_tokenizer
 
 WORKERS = ["target_a", "target_b", "draft_a", "draft_b"]
 PROMPTS = ["def add(a, b):", "hello world", "import os\nimport sys\n", "1 2 3 4 5"]

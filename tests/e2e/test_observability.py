@@ -9,9 +9,7 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
-import grpc
 import pytest
-from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -20,7 +18,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from cluster import Cluster
 from otlp_collector import OtlpCollector
 from specsplit.client import Client
-from specsplit.proto.v1 import generation_pb2
 from specsplit.services.coordinator import public_messages as pm
 from specsplit.services.sampling_params import SamplingParams
 from specsplit.services.telemetry.trace_propagation import traceparent

@@ -12,7 +12,6 @@ import sys
 import threading
 import time
 from dataclasses import asdict, replace
-from pathlib import Path
 
 import pytest
 import torch
