@@ -10,6 +10,7 @@ from specsplit.services.coordinator.worker_clients import LocalDraftClient, Loca
 from specsplit.services.draft.proposer import DraftProposer
 from specsplit.services.errors import InvalidArgument
 from specsplit.services.models.loader import LoadedModel, load_model
+from specsplit.services.models.weight_formats import use_weight_format
 from specsplit.services.runtime.model_runner import ModelRunner
 from specsplit.services.sampling_params import SamplingParams
 from specsplit.services.target.verifier import TargetVerifier
@@ -40,8 +41,12 @@ class LocalEngine:
         draft_support: int = 32,
         coordinator_config: CoordinatorConfig | None = None,
         synthetic_acceptance: float | None = None,
+        target_weights: str = "auto",
+        draft_weights: str = "auto",
     ):
-        """`synthetic_acceptance`: BENCHMARK ONLY, not lossless (services/target/synthetic_acceptance.py)."""
+        """`synthetic_acceptance`: BENCHMARK ONLY, not lossless (services/target/synthetic_acceptance.py).
+        `target_weights` / `draft_weights`: how each model's linear layers hold weights (models/weight_formats.py);
+        a target-only engine (no draft) turns "auto" into dense, the fastest layout for one row at a time."""
         if num_speculative_tokens < 0:
             raise InvalidArgument(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
         self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype, device)
@@ -49,6 +54,11 @@ class LocalEngine:
         if draft is not None and num_speculative_tokens > 0:
             self.draft = draft if isinstance(draft, LoadedModel) else load_model(draft, dtype, device)
             check_compatible(self.target, self.draft)
+        if self.draft is None and target_weights == "auto":
+            target_weights = "dense"
+        use_weight_format(self.target, target_weights, "target")
+        if self.draft is not None:
+            use_weight_format(self.draft, draft_weights, "draft")
         self.target_runner = ModelRunner(self.target, num_blocks=num_kv_blocks, block_size=block_size)
         self.verifier = TargetVerifier(self.target_runner, synthetic_acceptance=synthetic_acceptance)
         targets = ReplicaPool("target", [LocalTargetClient(self.verifier)])

@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 
+from specsplit.services.models.weight_formats import WEIGHT_FORMATS
 from specsplit.services.rpc.security import ChannelSecurity, add_server_tls_args, read_tokens, server_security_from_args
 
 
@@ -24,6 +25,9 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
             p.add_argument("--synthetic-acceptance", type=float, default=None, metavar="ALPHA",
                            help="BENCHMARK ONLY, NOT LOSSLESS: accept each proposal with probability ALPHA instead of "
                            "the rejection test (for random-weight models); never use when serving")
+        p.add_argument("--weights", default="auto", choices=WEIGHT_FORMATS,
+                       help="how linear weights are held on the CPU: auto = " + ("int8 (drafts only)" if role == "draft" else "packed")
+                       + " for float32 on the CPU, dense elsewhere; dense is fastest for target-only decoding at batch 1")
         p.add_argument("--tensor-parallel-size", type=int, default=1,
                        help="GPUs to shard the model over (only 1 is available in this version)")
         add_server_tls_args(p)
@@ -69,7 +73,16 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
                    help="the coordinator's metrics port (0 = any, -1 = none); the workers' are chosen free and printed")
     add_sampling_args(s)
     add_model_args(s)
+    add_weight_format_args(s)
     s.set_defaults(handler=_run_serve)
+
+
+def add_weight_format_args(p) -> None:
+    """For commands that load both models (serve, generate --local)."""
+    p.add_argument("--target-weights", default="auto", choices=[f for f in WEIGHT_FORMATS if f != "int8"],
+                   help="the target's weight format (auto: packed for float32 on the CPU with a draft, else dense)")
+    p.add_argument("--draft-weights", default="auto", choices=WEIGHT_FORMATS,
+                   help="the draft's weight format (auto: int8 for float32 on the CPU, else dense)")
 
 
 def add_metrics_port_arg(p) -> None:
@@ -93,7 +106,8 @@ def _run_worker(args) -> int:
 
     if args.tensor_parallel_size != 1:
         raise SystemExit("specsplit: error: tensor parallelism (--tensor-parallel-size > 1) is not available in this version")
-    options = dict(dtype=args.dtype, device=args.device, num_kv_blocks=args.num_kv_blocks, block_size=args.block_size)
+    options = dict(dtype=args.dtype, device=args.device, num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
+                   weight_format=args.weights)
     if args.role == "draft":
         options["draft_support"] = args.draft_support
     elif args.synthetic_acceptance is not None:
@@ -149,12 +163,16 @@ def _run_serve(args) -> int:
     processes = []
     try:
         print(f"starting target ({args.target})" + (f" and draft ({args.draft})" if args.draft else "") + " ...", file=sys.stderr)
-        target, target_addr = spawn_service(["target", "--model", args.target, "--host", "127.0.0.1", "--port", "0", *model_flags, *worker_metrics])
+        # Target-only serving keeps the dense layout, the fastest for one row at a time.
+        target_weights = "dense" if not args.draft and args.target_weights == "auto" else args.target_weights
+        target, target_addr = spawn_service(["target", "--model", args.target, "--host", "127.0.0.1", "--port", "0",
+                                             "--weights", target_weights, *model_flags, *worker_metrics])
         processes.append(target)
         coordinator_argv = ["coordinator", "--target", target_addr, "--host", args.host, "--port", str(args.port),
                             "-k", str(k if args.draft else 0), "--metrics-port", str(args.metrics_port)]
         if args.draft:
-            draft, draft_addr = spawn_service(["draft", "--model", args.draft, "--host", "127.0.0.1", "--port", "0", *model_flags, *worker_metrics])
+            draft, draft_addr = spawn_service(["draft", "--model", args.draft, "--host", "127.0.0.1", "--port", "0",
+                                               "--weights", args.draft_weights, *model_flags, *worker_metrics])
             processes.append(draft)
             coordinator_argv += ["--draft", draft_addr]
         coordinator, address = spawn_service(coordinator_argv)

@@ -24,6 +24,7 @@ class LoadedModel:
     tokenizer: object | None
     path: str
     name: str
+    weight_format: str = "dense"  # how its linear layers hold weights (services/models/weight_formats.py)
 
 
 def resolve_model_path(model: str) -> Path:

@@ -6,6 +6,7 @@ import signal
 import sys
 
 from specsplit.services.models.loader import load_model
+from specsplit.services.models.weight_formats import use_weight_format
 from specsplit.services.rpc.server import start_server
 from specsplit.services.runtime.model_runner import ModelRunner
 from specsplit.services.telemetry.service_observability import observe_worker
@@ -14,8 +15,9 @@ log = logging.getLogger(__name__)
 
 
 def build_worker_service(role: str, model: str, dtype="float32", device="cpu", num_kv_blocks=None, block_size=16, draft_support=32,
-                         synthetic_acceptance=None):
+                         synthetic_acceptance=None, weight_format="auto"):
     loaded = load_model(model, dtype, device)
+    use_weight_format(loaded, weight_format, role)
     runner = ModelRunner(loaded, num_blocks=num_kv_blocks, block_size=block_size)
     if role == "draft":
         from specsplit.services.draft.proposer import DraftProposer

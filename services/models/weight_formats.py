@@ -1,0 +1,108 @@
+"""How a model's linear layers hold their weights on the CPU, chosen per role.
+
+- dense: torch's own layout. Fastest for one row at a time (target-only decoding at batch 1), and the only format
+  off the CPU or outside float32.
+- packed: float32 weights reordered once into oneDNN's blocked layout. A verification of k+1 rows, or a batched
+  decode, then costs little more than one row, where the dense layout repacks the weight on every call and costs
+  2-3x one row. Same float32 arithmetic; results differ from dense only in the last bits, as any two GEMM kernels'
+  do. The target's default on the CPU.
+- int8: weights quantized per output channel, activations per call (fbgemm): about half the draft's step time.
+  Drafts only — it changes the draft's distributions, hence acceptance, but never the output: every token is
+  verified against the target's own distribution. The draft's default on the CPU.
+
+"auto" picks the defaults above for float32 on the CPU and dense everywhere else.
+"""
+
+import warnings
+
+import torch
+from torch import nn
+
+from specsplit.services.errors import InvalidArgument
+
+WEIGHT_FORMATS = ("auto", "dense", "packed", "int8")
+
+# oneDNN picks its blocking for an expected row count; 5 = a k=4 verification, and every count from 1 to 64 stays
+# within a few percent of its best there (measured on the developer CPU).
+PACKED_ROWS_HINT = 5
+
+
+def resolve_weight_format(requested: str, role: str, device: torch.device, dtype: torch.dtype) -> str:
+    if requested not in WEIGHT_FORMATS:
+        raise InvalidArgument(f"weight format must be one of {', '.join(WEIGHT_FORMATS)}, not {requested!r}")
+    on_cpu_fp32 = torch.device(device).type == "cpu" and dtype == torch.float32
+    if requested == "auto":
+        if not on_cpu_fp32:
+            return "dense"
+        if role == "draft" and _int8_available():
+            return "int8"
+        if role == "target" and torch.backends.mkldnn.is_available():
+            return "packed"
+        return "dense"
+    if requested != "dense" and not on_cpu_fp32:
+        raise InvalidArgument(f"the {requested} weight format needs float32 weights on the CPU")
+    if requested == "int8" and role != "draft":
+        raise InvalidArgument("int8 weights would change the target's outputs; they are for drafts only")
+    return requested
+
+
+def use_weight_format(loaded, requested: str, role: str) -> str:
+    """Resolve `requested` for this model and role and convert its layers once; returns the format in use."""
+    param = next(loaded.model.parameters())
+    chosen = resolve_weight_format(requested, role, param.device, param.dtype)
+    if chosen != loaded.weight_format:
+        if loaded.weight_format != "dense":
+            raise InvalidArgument(f"{loaded.name} already holds {loaded.weight_format} weights, cannot switch to {chosen}")
+        apply_weight_format(loaded.model, chosen)
+        loaded.weight_format = chosen
+    return chosen
+
+
+def apply_weight_format(model: nn.Module, weight_format: str) -> None:
+    """Replace every nn.Linear under `model` (in place) with the format's version; dense leaves it as it is."""
+    if weight_format == "dense":
+        return
+    convert = {"packed": PackedLinear, "int8": Int8DynamicLinear}[weight_format]
+    with torch.no_grad(), warnings.catch_warnings():
+        # torch marks its quantized-tensor constructors as deprecated; they are still the int8 path it ships.
+        warnings.simplefilter("ignore")
+        _replace_linears(model, convert)
+
+
+def _replace_linears(module: nn.Module, convert) -> None:
+    for name, child in module.named_children():
+        if isinstance(child, nn.Linear):
+            setattr(module, name, convert(child))  # the dense weight goes unless shared (a tied embedding keeps it)
+        else:
+            _replace_linears(child, convert)
+
+
+class PackedLinear(nn.Module):
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(linear.weight, PACKED_ROWS_HINT))
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+
+class Int8DynamicLinear(nn.Module):
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().float()
+        scales = (weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0).double()
+        zero_points = torch.zeros(weight.shape[0], dtype=torch.int64)
+        quantized = torch.quantize_per_channel(weight, scales, zero_points, 0, torch.qint8)
+        bias = None if linear.bias is None else linear.bias.detach().float().clone()
+        self._packed = torch.ops.quantized.linear_prepack(quantized, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # reduce_range=True keeps activations to 7 bits so fbgemm's int16 accumulation cannot saturate.
+        return torch.ops.quantized.linear_dynamic(x, self._packed, True)
+
+
+def _int8_available() -> bool:
+    return "fbgemm" in torch.backends.quantized.supported_engines or "x86" in torch.backends.quantized.supported_engines

@@ -1,0 +1,117 @@
+"""CPU weight formats: packed float32 computes what dense does; an int8 draft changes acceptance, never outputs."""
+
+import asyncio
+
+import pytest
+import torch
+
+from specsplit.services.errors import InvalidArgument
+from specsplit.services.local_engine import LocalEngine
+from specsplit.services.models.loader import load_model
+from specsplit.services.models.weight_formats import (
+    Int8DynamicLinear,
+    PackedLinear,
+    resolve_weight_format,
+    use_weight_format,
+)
+from specsplit.services.runtime.model_runner import ForwardItem, ModelRunner
+from specsplit.services.sampling_params import SamplingParams
+from tiny_models import build_model, byte_tokenizer, perturbed_copy, save_model
+
+PROMPTS = ["def add(a, b):", "The quick brown fox", "1, 2, 3, 5, 8,", "x"]
+
+
+@pytest.fixture(scope="module")
+def float32_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fp32")
+    target = build_model("qwen2", seed=3)
+    return save_model(target, root / "target"), save_model(perturbed_copy(target, noise=0.02), root / "draft")
+
+
+def test_auto_chooses_per_role_device_and_dtype():
+    cpu = torch.device("cpu")
+    assert resolve_weight_format("auto", "target", cpu, torch.float32) == "packed"
+    assert resolve_weight_format("auto", "draft", cpu, torch.float32) == "int8"
+    assert resolve_weight_format("auto", "draft", cpu, torch.float64) == "dense"
+    assert resolve_weight_format("auto", "target", torch.device("cuda"), torch.bfloat16) == "dense"
+    assert resolve_weight_format("dense", "target", cpu, torch.float32) == "dense"
+
+
+@pytest.mark.parametrize(
+    "requested, role, dtype, message",
+    [
+        ("int8", "target", torch.float32, "drafts only"),
+        ("packed", "target", torch.float64, "float32 weights on the CPU"),
+        ("int8", "draft", torch.bfloat16, "float32 weights on the CPU"),
+        ("fp8", "draft", torch.float32, "must be one of"),
+    ],
+)
+def test_bad_requests_are_refused_clearly(requested, role, dtype, message):
+    with pytest.raises(InvalidArgument, match=message):
+        resolve_weight_format(requested, role, torch.device("cpu"), dtype)
+
+
+def _last_logits(loaded, ids):
+    runner = ModelRunner(loaded, num_blocks=32)
+    table = runner.block_manager.allocate(0)
+    item = ForwardItem(table, ids, 3)
+    assert runner.reserve([item]) == [None]
+    return runner.forward([item])[0]
+
+
+def test_packed_target_computes_the_dense_logits(float32_pair):
+    ids = byte_tokenizer().encode(PROMPTS[0])
+    dense = load_model(str(float32_pair[0]))
+    packed = load_model(str(float32_pair[0]))
+    assert use_weight_format(packed, "packed", "target") == "packed"
+    layers = list(packed.model.modules())
+    assert any(isinstance(m, PackedLinear) for m in layers)
+    assert not any(isinstance(m, torch.nn.Linear) for m in layers)
+    torch.testing.assert_close(_last_logits(packed, ids), _last_logits(dense, ids), rtol=1e-4, atol=1e-4)
+
+
+def test_int8_draft_is_close_to_its_dense_self(float32_pair):
+    ids = byte_tokenizer().encode(PROMPTS[0])
+    dense = _last_logits(load_model(str(float32_pair[1])), ids)
+    quantized = load_model(str(float32_pair[1]))
+    use_weight_format(quantized, "int8", "draft")
+    assert any(isinstance(m, Int8DynamicLinear) for m in quantized.model.modules())
+    int8 = _last_logits(quantized, ids)
+    assert not torch.equal(int8, dense)  # it is a different distribution...
+    assert (int8 - dense).norm() / dense.norm() < 0.1  # ...and a close one (a broken conversion is ~1)
+
+
+def test_converting_twice_is_a_no_op_and_switching_is_refused(float32_pair):
+    loaded = load_model(str(float32_pair[0]))
+    use_weight_format(loaded, "packed", "target")
+    before = [id(m) for m in loaded.model.modules()]
+    use_weight_format(loaded, "packed", "target")
+    assert [id(m) for m in loaded.model.modules()] == before
+    with pytest.raises(InvalidArgument, match="already holds packed"):
+        use_weight_format(loaded, "dense", "target")
+
+
+def _greedy(engine, k):
+    tok = byte_tokenizer()
+
+    async def run():
+        results = await asyncio.gather(*(
+            engine.generate(tok.encode(p), SamplingParams(max_tokens=20, ignore_eos=True, num_speculative_tokens=k))
+            for p in PROMPTS
+        ))
+        await engine.coordinator.wait_idle()
+        return results
+
+    return asyncio.run(run())
+
+
+def test_int8_draft_never_changes_greedy_output(float32_pair):
+    target, draft = (str(p) for p in float32_pair)
+    target_only = LocalEngine(target, None, num_speculative_tokens=0, target_weights="packed")
+    expected = [r.token_ids for r in _greedy(target_only, 0)]
+    for draft_weights in ("int8", "dense"):
+        engine = LocalEngine(target, draft, num_speculative_tokens=4, target_weights="packed", draft_weights=draft_weights)
+        results = _greedy(engine, 4)
+        assert [r.token_ids for r in results] == expected, draft_weights
+        assert sum(r.stats.accepted_tokens for r in results) > 0  # the draft was used, not bypassed
+        assert engine.kv_blocks_used() == {"target": 0, "draft": 0}
