@@ -53,6 +53,7 @@ QWEN25 = {  # Qwen2.5 config.json values (base and coder share them)
 K = 4
 PROMPT_LEN = 32
 RESULTS: dict = {"rows": [], "notes": []}
+REPEATS = 1  # --repeats: each measured configuration runs this often; rows report the median run
 
 
 def _empty_cache():
@@ -121,8 +122,11 @@ def run_local(engine: LocalEngine, batch: int, k: int, max_tokens: int):
         await engine.coordinator.wait_idle()
         return results, elapsed
 
-    results, elapsed = asyncio.run(main())
-    return summarize(results, elapsed, batch)
+    runs = [summarize(*asyncio.run(main()), batch) for _ in range(REPEATS)]
+    runs.sort(key=lambda r: r["tokens_per_s_total"])
+    median = dict(runs[len(runs) // 2])
+    median["repeats_tokens_per_s_total"] = [r["tokens_per_s_total"] for r in runs]
+    return median
 
 
 def summarize(results, elapsed, batch) -> dict:
@@ -135,9 +139,9 @@ def summarize(results, elapsed, batch) -> dict:
             "tokens_per_round": (tokens - batch) / rounds if rounds else None, "seconds": elapsed}
 
 
-def step_time(loaded: LoadedModel, batch: int = 1, context: int = 64, repeats: int = 30) -> float:
-    """Median seconds of one decode step (1 new token per sequence) through ModelRunner, eager."""
-    runner = ModelRunner(loaded, num_blocks=batch * (context // 16 + 8))
+def step_time(loaded: LoadedModel, batch: int = 1, context: int = 64, repeats: int = 30, cuda_graphs=None) -> float:
+    """Median seconds of one decode step (1 new token per sequence) through ModelRunner (CUDA graphs by default)."""
+    runner = ModelRunner(loaded, num_blocks=batch * (context // 16 + 8), cuda_graphs=cuda_graphs)
     tables = [runner.block_manager.allocate(0) for _ in range(batch)]
     first = [ForwardItem(t, list(range(1, context + 1)), 1) for t in tables]
     runner.reserve(first)
@@ -310,7 +314,11 @@ def main() -> None:
     parser.add_argument("--split-only", action="store_true",
                         help="only in-process vs split at --split-alpha and --split-batches (e.g. on two GPUs)")
     parser.add_argument("--skip-check", action="store_true")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per configuration; the median is reported")
+    parser.add_argument("--eager-batches", default="1", help="batches to rerun without CUDA graphs ('' = none)")
     args = parser.parse_args()
+    global REPEATS
+    REPEATS = args.repeats
     batches = [int(b) for b in args.batches.split(",") if b]
     alphas = [float(a) for a in args.alphas.split(",") if a]
     RESULTS.update({"k": K, "max_tokens": args.max_tokens, "prompt_len": PROMPT_LEN, "vocab": VOCAB,
@@ -329,9 +337,13 @@ def main() -> None:
         target = loaded_from_hf(hf_target, f"random-qwen2.5-{size}")
         log(f"built {size} in {time.perf_counter() - t_build:.1f}s")
         t_draft, t_target = step_time(draft), step_time(target)
+        e_draft, e_target = step_time(draft, cuda_graphs=False), step_time(target, cuda_graphs=False)
         c = t_draft / t_target
-        RESULTS.setdefault("step_ms", {})[size] = {"draft": 1000 * t_draft, "target": 1000 * t_target, "c": c}
-        log(f"{size}: draft step {1000 * t_draft:.2f} ms, target step {1000 * t_target:.2f} ms, c = {c:.3f}")
+        RESULTS.setdefault("step_ms", {})[size] = {"draft": 1000 * t_draft, "target": 1000 * t_target, "c": c,
+                                                   "draft_eager": 1000 * e_draft, "target_eager": 1000 * e_target,
+                                                   "c_eager": e_draft / e_target}
+        log(f"{size}: graphs: draft step {1000 * t_draft:.2f} ms, target step {1000 * t_target:.2f} ms, c = {c:.3f}; "
+            f"eager: {1000 * e_draft:.2f} / {1000 * e_target:.2f} ms")
 
         if args.split_only:
             split_only(args, size, hf_target, hf_draft, target, draft)
@@ -387,6 +399,31 @@ def main() -> None:
             save(args.name)
         del engine
         gc.collect()
+
+        # The same engine without CUDA graphs, side by side in this run.
+        if args.eager_batches:
+            os.environ["SPECSPLIT_CUDA_GRAPHS"] = "0"
+            eager = LocalEngine(target, draft, num_speculative_tokens=K, coordinator_config=CoordinatorConfig(max_num_seqs=256))
+            del os.environ["SPECSPLIT_CUDA_GRAPHS"]
+            run_local(eager, 2, K, 16)
+            run_local(eager, 2, 0, 16)
+            for batch in [int(b) for b in args.eager_batches.split(",")]:
+                row = {"target": size, "mode": "target_only_eager", "batch": batch, "k": 0,
+                       **run_local(eager, batch, 0, args.max_tokens)}
+                row["vs_graphs"] = row["tokens_per_s_total"] / baseline[batch] if batch in baseline else None
+                RESULTS["rows"].append(row)
+                log(row)
+                for alpha in alphas:
+                    eager.verifier.synthetic_acceptance = alpha
+                    row = {"target": size, "mode": "speculative_in_process_eager", "batch": batch, "k": K, "alpha": alpha,
+                           "acceptance": "synthetic", **run_local(eager, batch, K, args.max_tokens)}
+                    eager.verifier.synthetic_acceptance = None
+                    row["speedup"] = row["tokens_per_s_total"] / baseline[batch] if batch in baseline else None
+                    RESULTS["rows"].append(row)
+                    log(row)
+            del eager
+            gc.collect()
+            save(args.name)
 
         # alpha = 1 for real: the target drafts for itself (c = 1), real rejection sampler, greedy.
         self_engine = LocalEngine(target, target, num_speculative_tokens=K, coordinator_config=CoordinatorConfig(max_num_seqs=256))

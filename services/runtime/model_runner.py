@@ -8,14 +8,20 @@ into chunks of at most `max_batch_tokens` so a long prompt never needs one giant
 from dataclasses import dataclass
 from itertools import accumulate
 
+import os
+
 import torch
 
 from specsplit.services.errors import KVCacheFull
 from specsplit.services.kv.block_manager import BlockManager, BlockTable
 from specsplit.services.kv.paged_cache import PagedKVCache
 from specsplit.services.models.loader import LoadedModel
+from specsplit.kernels.dispatch import use_triton
 from specsplit.services.runtime.attention_metadata import AttentionMetadata
+from specsplit.services.runtime.cuda_graphs import GraphedForward
 from specsplit.services.runtime.host_transfer import to_device
+
+CUDA_GRAPHS_ENV = "SPECSPLIT_CUDA_GRAPHS"  # "0" turns them off (benchmarks compare both)
 
 
 @dataclass
@@ -33,7 +39,10 @@ class ModelRunner:
         block_size: int = 16,
         kv_cache_bytes: int = 1 << 30,
         max_batch_tokens: int = 2048,
+        cuda_graphs: bool | None = None,
     ):
+        """`cuda_graphs`: replay captured graphs for uniform batches (runtime/cuda_graphs.py); None = on a CUDA
+        device with the Triton kernels unless SPECSPLIT_CUDA_GRAPHS=0."""
         self.loaded = loaded
         self.model = loaded.model
         self.config = loaded.config
@@ -41,11 +50,19 @@ class ModelRunner:
         self.device, self.dtype = param.device, param.dtype
         if num_blocks is None:
             num_blocks = max(kv_cache_bytes // PagedKVCache.bytes_per_block(self.config, block_size, self.dtype), 1)
+        if cuda_graphs is None:
+            probe = torch.empty(0, device=self.device)
+            cuda_graphs = probe.is_cuda and use_triton(probe) and os.environ.get(CUDA_GRAPHS_ENV, "1") != "0"
         self.block_manager = BlockManager(num_blocks, block_size)
-        self.cache = PagedKVCache(self.config, num_blocks, block_size, self.dtype, self.device)
+        # With graphs, one more block past the managed ones: where padding rows of a graph batch write their KV.
+        self.cache = PagedKVCache(self.config, num_blocks + (1 if cuda_graphs else 0), block_size, self.dtype, self.device)
         self.block_size = block_size
         self.max_batch_tokens = max_batch_tokens
         self.max_model_len = min(self.config.max_model_len, num_blocks * block_size)
+        self.graphs = None
+        if cuda_graphs:
+            self.graphs = GraphedForward(self.model, self.cache.layers, block_size, num_blocks, self.max_model_len,
+                                         self.config.hidden_size)
 
     @property
     def vocab_size(self) -> int:
@@ -68,8 +85,23 @@ class ModelRunner:
         return list(self.forward_flat(items).split([item.num_logits for item in items]))
 
     @torch.inference_mode()
-    def forward_flat(self, items: list[ForwardItem]) -> torch.Tensor:
-        """Like `forward`, but all items' logits rows in one [sum(num_logits), vocab] tensor, in item order."""
+    def forward_flat(self, items: list[ForwardItem], input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Like `forward`, but all items' logits rows in one [sum(num_logits), vocab] tensor, in item order.
+        `input_ids`: the items' tokens as one tensor already on the device (e.g. the draft's last samples), used
+        instead of `item.token_ids`, which then only give the counts — the tokens never visit the host."""
+        q = self.graphs.query_len(items) if self.graphs is not None else None
+        if q is not None:
+            hidden = self.graphs.run(items, q, input_ids)
+            if any(item.num_logits != q for item in items):
+                keep = [b * q + j for b, item in enumerate(items) for j in range(q - item.num_logits, q)]
+                if not keep:
+                    return torch.empty(0, self.vocab_size, device=self.device)
+                hidden = hidden[to_device(keep, torch.int64, self.device)]
+            return self.model.compute_logits(hidden)
+        if input_ids is not None:
+            offsets = [0, *accumulate(len(item.token_ids) for item in items)]
+            items = [ForwardItem(item.table, input_ids[lo:hi], item.num_logits)
+                     for item, lo, hi in zip(items, offsets, offsets[1:])]
         # Where each item's new tokens start inside its (already extended) table.
         starts = [item.table.num_tokens - len(item.token_ids) for item in items]
         done = [0] * len(items)
@@ -101,7 +133,7 @@ class ModelRunner:
         for i, offset, take in chunk:
             item = items[i]
             first = starts[i] + offset
-            token_ids.extend(item.token_ids[offset : offset + take])
+            token_ids.append(item.token_ids[offset : offset + take])
             pos = list(range(first, first + take))
             positions.extend(pos)
             blocks = item.table.block_ids
@@ -119,8 +151,12 @@ class ModelRunner:
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
         )
+        if isinstance(token_ids[0], torch.Tensor):  # ids already on the device
+            input_ids = torch.cat(token_ids) if len(token_ids) > 1 else token_ids[0]
+        else:
+            input_ids = to_device([t for part in token_ids for t in part], torch.int64, dev)
         hidden = self.model(
-            to_device(token_ids, torch.int64, dev),
+            input_ids,
             to_device(positions, torch.int64, dev),
             meta,
             self.cache.layers,

@@ -49,7 +49,9 @@ def match_rate(outputs: list[list[int]], reference: list[list[int]]) -> float:
 
 @pytest.fixture(scope="module")
 def cpu_reference(tiny_pair):
-    engine = LocalEngine(tiny_pair["target"], tiny_pair["close"], num_speculative_tokens=4, dtype="float32")
+    # Dense weights: the CPU reference is torch's own layout, as on the GPU.
+    engine = LocalEngine(tiny_pair["target"], tiny_pair["close"], num_speculative_tokens=4, dtype="float32",
+                         target_weights="dense", draft_weights="dense")
     return generate(engine, 0)
 
 
@@ -88,3 +90,55 @@ def test_bf16_greedy_match_rate_is_reported(tiny_pair, cpu_reference, record_pro
     print(f"\nbf16 greedy match rate vs CPU fp32: target-only {rate_target_only:.3f}, speculative "
           f"{rate_speculative:.3f}; speculative vs bf16 target-only {self_rate:.3f}")
     assert all(len(t) == MAX_TOKENS for t in target_only + speculative)
+
+
+def test_cuda_graphs_are_used_and_match_eager(tiny_pair, cpu_reference, monkeypatch):
+    """Graphs (the default on CUDA) and eager give the CPU's fp32 greedy tokens, also for a batch that does not fill
+    its bucket (3 of 4: one padding row), and leave no KV behind."""
+    graphed = LocalEngine(tiny_pair["target"], tiny_pair["close"], num_speculative_tokens=4, dtype="float32", device="cuda")
+    assert graphed.target_runner.graphs is not None and graphed.draft_runner.graphs is not None
+    for k in (0, 1, 4):
+        assert generate(graphed, k) == cpu_reference, f"k={k}"
+    assert (1, 4) in graphed.draft_runner.graphs.graphs  # draft steps of 4 sequences
+    assert (5, 4) in graphed.target_runner.graphs.graphs  # verifications of k+1 = 5 tokens
+    tok = byte_tokenizer()
+
+    async def three():
+        results = await asyncio.gather(*(graphed.generate(tok.encode(p), SamplingParams(
+            max_tokens=MAX_TOKENS, ignore_eos=True, num_speculative_tokens=4)) for p in PROMPTS[:3]))
+        await graphed.coordinator.wait_idle()
+        return [r.token_ids for r in results]
+
+    assert asyncio.run(three()) == cpu_reference[:3]
+    assert graphed.kv_blocks_used() == {"target": 0, "draft": 0}
+
+    monkeypatch.setenv("SPECSPLIT_CUDA_GRAPHS", "0")
+    eager = LocalEngine(tiny_pair["target"], tiny_pair["close"], num_speculative_tokens=4, dtype="float32", device="cuda")
+    assert eager.target_runner.graphs is None
+    assert generate(eager, 4) == cpu_reference
+
+
+def test_draft_rounds_wait_for_the_gpu_once(tiny_pair):
+    """The k-step draft loop feeds samples to the next step on the device: one host wait per propose call."""
+    from specsplit.services.draft.proposer import DraftPrefill, ProposeItem
+    from specsplit.services.runtime.worker_sequences import WorkerSampling
+
+    engine = LocalEngine(tiny_pair["target"], tiny_pair["close"], num_speculative_tokens=4, dtype="float32", device="cuda")
+    proposer = engine.proposer
+    ids = byte_tokenizer().encode(PROMPTS[0])
+    proposer.prefill([DraftPrefill("s", ids[:-1], WorkerSampling(0.0, 0, 1.0, 0))])
+    proposer.propose([ProposeItem("s", len(ids) - 1, ids[-1:], 4)])  # warm-up: captures the graphs
+    syncs = []
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        import warnings
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            proposer.propose([ProposeItem("s", len(ids) - 1, ids[-1:], 8)])
+        syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    print(f"\nhost waits in one propose call of k=8: {len(syncs)}")
+    assert len(syncs) <= 1, [str(w.message) for w in syncs]

@@ -1,0 +1,129 @@
+"""CUDA graphs for uniform forwards: every sequence of the batch adds the same number of tokens `q` (1 for a draft
+step or a decode, k+1 for a verification) — the shapes of every round after prefill.
+
+Eager, a 7B forward spends 20-40 ms of host time launching ~400 kernels for ~5 ms of GPU work at batch 1;
+replaying a captured graph launches them all in one call. One graph per (q, batch bucket), captured on first use,
+all in one memory pool. Inputs live in static buffers sized for the largest bucket; a batch smaller than its bucket
+is padded with sequences whose KV goes to one scratch block outside the block manager's pool and whose outputs are
+dropped. The attention split count is fixed at capture for the longest context the cache holds: the kernel gives
+splits past a sequence's length nothing to do, so one graph serves every context length.
+"""
+
+import torch
+
+from specsplit.services.runtime.attention_metadata import AttentionMetadata
+from specsplit.services.runtime.host_transfer import to_device
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+MAX_GRAPH_QUERY_LEN = 17  # k+1 for k up to 16, the workers' limit
+
+
+class GraphedForward:
+    def __init__(self, model, kv_layers, block_size: int, scratch_block: int, max_model_len: int, hidden_size: int):
+        self.model = model
+        self.kv_layers = kv_layers
+        self.block_size = block_size
+        self.scratch_block = scratch_block
+        self.max_model_len = max_model_len
+        self.max_blocks = -(-max_model_len // block_size)
+        self.hidden_size = hidden_size
+        self.device = next(model.parameters()).device
+        self.pool = torch.cuda.graph_pool_handle()
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.buffers: dict[int, dict[str, torch.Tensor]] = {}
+
+    @staticmethod
+    def bucket_for(num_seqs: int) -> int | None:
+        return next((b for b in BATCH_BUCKETS if b >= num_seqs), None)
+
+    def query_len(self, items) -> int | None:
+        """The common token count of `items` if a graph can run them, else None."""
+        if not items or self.bucket_for(len(items)) is None:
+            return None
+        q = len(items[0].token_ids)
+        if not 1 <= q <= MAX_GRAPH_QUERY_LEN or any(len(item.token_ids) != q for item in items):
+            return None
+        return q
+
+    def run(self, items, q: int, input_ids: torch.Tensor | None) -> torch.Tensor:
+        """Final hidden states [len(items) * q, hidden] for items whose KV slots are reserved. The result lives in
+        the graph's memory: use it before the next call. `input_ids` (on the device) replaces the items' ids."""
+        num_seqs = len(items)
+        bucket = self.bucket_for(num_seqs)
+        graph, hidden = self.graphs.get((q, bucket)) or self._capture(q, bucket)
+        buffers = self.buffers[q]
+        positions, slots, seq_lens, tables = [], [], [], []
+        for item in items:
+            length = item.table.num_tokens
+            blocks = item.table.block_ids
+            pos = range(length - q, length)
+            positions.extend(pos)
+            slots.extend(blocks[p // self.block_size] * self.block_size + p % self.block_size for p in pos)
+            seq_lens.append(length)
+            tables.append(blocks)
+        pad = bucket - num_seqs
+        positions.extend(list(range(q)) * pad)
+        slots.extend([self.scratch_block * self.block_size + j for j in range(q)] * pad)
+        seq_lens.extend([q] * pad)
+        tables.extend([[self.scratch_block]] * pad)
+        width = max(len(t) for t in tables)
+        n = bucket * q
+        host = positions + slots + seq_lens
+        if input_ids is None:
+            host += [t for item in items for t in item.token_ids]
+        staged = to_device(host, torch.int64, self.device)
+        buffers["positions"][:n].copy_(staged[:n])
+        buffers["slots"][:n].copy_(staged[n : 2 * n])
+        buffers["seq_lens"][:bucket].copy_(staged[2 * n : 2 * n + bucket])
+        ids = input_ids if input_ids is not None else staged[2 * n + bucket :]
+        buffers["input_ids"][: num_seqs * q].copy_(ids)
+        buffers["block_tables"][:bucket, :width].copy_(
+            to_device([t + [0] * (width - len(t)) for t in tables], torch.int32, self.device)
+        )
+        graph.replay()
+        return hidden[: num_seqs * q]
+
+    def _static_buffers(self, q: int) -> dict[str, torch.Tensor]:
+        if q not in self.buffers:
+            rows, dev = BATCH_BUCKETS[-1], self.device
+            self.buffers[q] = {
+                "input_ids": torch.zeros(rows * q, dtype=torch.int64, device=dev),
+                "positions": torch.zeros(rows * q, dtype=torch.int64, device=dev),
+                "slots": torch.zeros(rows * q, dtype=torch.int64, device=dev),
+                "seq_lens": torch.zeros(rows, dtype=torch.int32, device=dev),
+                "block_tables": torch.zeros(rows, self.max_blocks, dtype=torch.int32, device=dev),
+                "query_start_loc": torch.arange(0, (rows + 1) * q, q, dtype=torch.int32, device=dev),
+            }
+        return self.buffers[q]
+
+    def _capture(self, q: int, bucket: int):
+        buffers = self._static_buffers(q)
+        n = bucket * q
+        # Every row a padding row while capturing: all writes land in the scratch block.
+        buffers["positions"][:n].copy_(torch.arange(q, device=self.device).repeat(bucket))
+        buffers["slots"][:n].copy_((self.scratch_block * self.block_size + torch.arange(q, device=self.device)).repeat(bucket))
+        buffers["seq_lens"][:bucket].fill_(q)
+        buffers["block_tables"][:bucket].fill_(self.scratch_block)
+        meta = AttentionMetadata(
+            slot_mapping=buffers["slots"][:n],
+            block_tables=buffers["block_tables"][:bucket],
+            seq_lens=buffers["seq_lens"][:bucket],
+            query_start_loc=buffers["query_start_loc"][: bucket + 1],
+            max_query_len=q,
+            max_seq_len=self.max_model_len,  # fixes the split count for the longest context
+        )
+
+        def forward():
+            return self.model(buffers["input_ids"][:n], buffers["positions"][:n], meta, self.kv_layers)
+
+        # Warm up outside the capture (compiles the Triton kernels, settles cuBLAS workspaces).
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side), torch.inference_mode():
+            forward()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode(), torch.cuda.graph(graph, pool=self.pool):
+            hidden = forward()
+        self.graphs[(q, bucket)] = (graph, hidden)
+        return graph, hidden
