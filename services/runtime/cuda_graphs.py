@@ -80,7 +80,8 @@ class GraphedForward:
         buffers["block_tables"][:bucket, :width].copy_(
             to_device([t + [0] * (width - len(t)) for t in tables], torch.int32, self.device)
         )
-        graph.replay()
+        with torch.cuda.device(self.device):  # a graph replays on its own device's stream
+            graph.replay()
         return hidden[: num_seqs * q]
 
     def _static_buffers(self, q: int) -> dict[str, torch.Tensor]:
@@ -97,6 +98,10 @@ class GraphedForward:
         return self.buffers[q]
 
     def _capture(self, q: int, bucket: int):
+        with torch.cuda.device(self.device):  # capture runs on the current device's streams: make it this one
+            return self._capture_on_device(q, bucket)
+
+    def _capture_on_device(self, q: int, bucket: int):
         buffers = self._static_buffers(q)
         n = bucket * q
         # Every row a padding row while capturing: all writes land in the scratch block.

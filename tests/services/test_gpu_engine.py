@@ -142,3 +142,15 @@ def test_draft_rounds_wait_for_the_gpu_once(tiny_pair):
         torch.cuda.set_sync_debug_mode("default")
     print(f"\nhost waits in one propose call of k=8: {len(syncs)}")
     assert len(syncs) <= 1, [str(w.message) for w in syncs]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_cuda_graphs_on_a_second_gpu(tiny_pair, cpu_reference):
+    """Graphs capture and replay on the model's own device, not the current one (a draft on cuda:1)."""
+    from specsplit.services.models.loader import load_model
+
+    target = load_model(str(tiny_pair["target"]), "float32", "cuda:1")
+    draft = load_model(str(tiny_pair["close"]), "float32", "cuda:1")
+    engine = LocalEngine(target, draft, num_speculative_tokens=4)
+    assert generate(engine, 4) == cpu_reference
+    assert engine.draft_runner.graphs.graphs and engine.target_runner.graphs.graphs
