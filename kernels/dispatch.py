@@ -5,6 +5,7 @@ The Triton modules are imported on first use, not here: importing this module ne
 so the services load the same way on machines with and without Triton.
 """
 
+import contextlib
 import functools
 import os
 
@@ -41,13 +42,19 @@ def use_triton(tensor: torch.Tensor) -> bool:
     return tensor.is_cuda and _triton_importable()
 
 
+def on_device(tensor: torch.Tensor):
+    """Triton launches on the current CUDA device: make it the tensor's (a model on cuda:1 beside one on cuda:0)."""
+    return torch.cuda.device(tensor.device) if tensor.is_cuda else contextlib.nullcontext()
+
+
 def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
                     max_query_len: int, max_seq_len: int) -> torch.Tensor:
     if use_triton(query):
         from specsplit.kernels.paged_attention_triton import paged_attention_triton
 
-        return paged_attention_triton(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
-                                      max_query_len, max_seq_len)
+        with on_device(query):
+            return paged_attention_triton(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
+                                          max_query_len, max_seq_len)
     return paged_attention_torch(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
                                  max_query_len, max_seq_len)
 
@@ -56,7 +63,8 @@ def write_kv(key, value, key_cache, value_cache, slot_mapping) -> None:
     if use_triton(key):
         from specsplit.kernels.kv_write_triton import write_kv_triton
 
-        return write_kv_triton(key, value, key_cache, value_cache, slot_mapping)
+        with on_device(key):
+            return write_kv_triton(key, value, key_cache, value_cache, slot_mapping)
     return write_kv_torch(key, value, key_cache, value_cache, slot_mapping)
 
 
@@ -66,8 +74,9 @@ def rejection_sample(target_probs, draft_token_ids, q_token_ids, q_probs, cu_num
     if use_triton(target_probs):
         from specsplit.kernels.rejection_sampling_triton import rejection_sample_triton
 
-        return rejection_sample_triton(target_probs, draft_token_ids, q_token_ids, q_probs, cu_num_draft,
-                                       accept_uniforms, sample_uniforms, max_num_draft=max_num_draft)
+        with on_device(target_probs):
+            return rejection_sample_triton(target_probs, draft_token_ids, q_token_ids, q_probs, cu_num_draft,
+                                           accept_uniforms, sample_uniforms, max_num_draft=max_num_draft)
     return rejection_sample_torch(target_probs, draft_token_ids, q_token_ids, q_probs, cu_num_draft,
                                   accept_uniforms, sample_uniforms)
 
@@ -76,7 +85,8 @@ def sample_from_probs(probs, uniforms) -> torch.Tensor:
     if use_triton(probs):
         from specsplit.kernels.rejection_sampling_triton import sample_from_probs_triton
 
-        return sample_from_probs_triton(probs, uniforms)
+        with on_device(probs):
+            return sample_from_probs_triton(probs, uniforms)
     return sample_from_probs_torch(probs, uniforms)
 
 
@@ -84,5 +94,6 @@ def counter_uniform(seeds, positions, stream: int) -> torch.Tensor:
     if use_triton(seeds if torch.is_tensor(seeds) else positions):
         from specsplit.kernels.counter_rng_triton import counter_uniform_triton
 
-        return counter_uniform_triton(seeds, positions, stream)
+        with on_device(seeds if torch.is_tensor(seeds) else positions):
+            return counter_uniform_triton(seeds, positions, stream)
     return counter_uniform_torch(seeds, positions, stream)

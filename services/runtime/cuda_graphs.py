@@ -29,6 +29,7 @@ class GraphedForward:
         self.hidden_size = hidden_size
         self.device = next(model.parameters()).device
         self.pool = torch.cuda.graph_pool_handle()
+        self.capture_stream = torch.cuda.Stream(self.device)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.buffers: dict[int, dict[str, torch.Tensor]] = {}
 
@@ -128,7 +129,9 @@ class GraphedForward:
             forward()
         torch.cuda.current_stream(self.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(graph, pool=self.pool):
+        # An explicit capture stream on this device: torch's default one is made once, on whichever device was
+        # current at the first capture in the process.
+        with torch.inference_mode(), torch.cuda.graph(graph, pool=self.pool, stream=self.capture_stream):
             hidden = forward()
         self.graphs[(q, bucket)] = (graph, hidden)
         return graph, hidden

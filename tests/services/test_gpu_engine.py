@@ -146,7 +146,8 @@ def test_draft_rounds_wait_for_the_gpu_once(tiny_pair):
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_cuda_graphs_on_a_second_gpu(tiny_pair, cpu_reference):
-    """Graphs capture and replay on the model's own device, not the current one (a draft on cuda:1)."""
+    """Graphs capture and replay on the model's own device, not the current one (a draft on cuda:1), also after
+    graphs were captured on cuda:0 in the same process (the other tests here)."""
     from specsplit.services.models.loader import load_model
 
     target = load_model(str(tiny_pair["target"]), "float32", "cuda:1")
