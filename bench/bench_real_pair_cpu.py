@@ -92,8 +92,8 @@ def speed_part(args, target_dir, draft_dir, tokenizer) -> tuple[list[dict], dict
     for name, draft_path, ks in runs:
         with Services(target_dir, draft_path, args.kv_blocks) as address, Client(address, timeout=3600) as client:
             client.generate(ids[0], max_tokens=4)  # warm-up: first calls pay one-time costs
-            for prompt_ids in ids:
-                for k in ks:
+            for k in ks:  # one pass over the prompts per k
+                for prompt_ids in ids:
                     start = time.perf_counter()
                     r = client.generate(prompt_ids, max_tokens=n, num_speculative_tokens=k)
                     record(name if k == 0 else f"{name}_k{k}", time.perf_counter() - start, r.token_ids)
