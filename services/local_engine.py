@@ -10,7 +10,7 @@ from specsplit.services.coordinator.worker_clients import LocalDraftClient, Loca
 from specsplit.services.draft.proposer import DraftProposer
 from specsplit.services.errors import InvalidArgument
 from specsplit.services.models.loader import LoadedModel, load_model
-from specsplit.services.models.weight_formats import use_weight_format
+from specsplit.services.models.weight_formats import target_weight_request, use_weight_format
 from specsplit.services.runtime.model_runner import ModelRunner
 from specsplit.services.sampling_params import SamplingParams
 from specsplit.services.target.verifier import TargetVerifier
@@ -54,9 +54,7 @@ class LocalEngine:
         if draft is not None and num_speculative_tokens > 0:
             self.draft = draft if isinstance(draft, LoadedModel) else load_model(draft, dtype, device)
             check_compatible(self.target, self.draft)
-        if self.draft is None and target_weights == "auto":
-            target_weights = "dense"
-        use_weight_format(self.target, target_weights, "target")
+        use_weight_format(self.target, target_weight_request(target_weights, self.draft is not None), "target")
         if self.draft is not None:
             use_weight_format(self.draft, draft_weights, "draft")
         self.target_runner = ModelRunner(self.target, num_blocks=num_kv_blocks, block_size=block_size)

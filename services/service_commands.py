@@ -5,7 +5,7 @@ import signal
 import subprocess
 import sys
 
-from specsplit.services.models.weight_formats import WEIGHT_FORMATS
+from specsplit.services.models.weight_formats import WEIGHT_FORMATS, target_weight_request
 from specsplit.services.rpc.security import ChannelSecurity, add_server_tls_args, read_tokens, server_security_from_args
 
 
@@ -163,8 +163,7 @@ def _run_serve(args) -> int:
     processes = []
     try:
         print(f"starting target ({args.target})" + (f" and draft ({args.draft})" if args.draft else "") + " ...", file=sys.stderr)
-        # Target-only serving keeps the dense layout, the fastest for one row at a time.
-        target_weights = "dense" if not args.draft and args.target_weights == "auto" else args.target_weights
+        target_weights = target_weight_request(args.target_weights, speculative=bool(args.draft))
         target, target_addr = spawn_service(["target", "--model", args.target, "--host", "127.0.0.1", "--port", "0",
                                              "--weights", target_weights, *model_flags, *worker_metrics])
         processes.append(target)

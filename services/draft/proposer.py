@@ -85,12 +85,6 @@ class DraftProposer:
                 forward.append((i, ForwardItem(sequence.table, list(item.delta), 1 if item.k > 0 else 0)))
             except Exception as error:
                 results[i] = error
-        if self.runner.graphs is not None and len({len(fi.token_ids) for _, fi in forward}) > 1:
-            # A graph runs one token count per batch: run the older committed tokens first (no logits needed), so
-            # the catch-up below is a uniform one-token step like the k steps after it.
-            older = [(i, ForwardItem(fi.table, fi.token_ids[:-1], 0)) for i, fi in forward if len(fi.token_ids) > 1]
-            self._reserve_and_run(older, results, items)
-            forward = [(i, ForwardItem(fi.table, fi.token_ids[-1:], fi.num_logits)) for i, fi in forward if results[i] is None]
         logits = self._reserve_and_run(forward, results, items)
 
         # Each step samples on the device and feeds its samples straight into the next forward; tokens and q come
@@ -99,14 +93,6 @@ class DraftProposer:
         stepping = [i for i, _ in live if items[i].k > 0]
         rows = torch.cat([logits[i][-1:] for i in stepping]) if stepping else None  # one row per stepping sequence
         steps = []  # per step: (sequence indices, sampled [n], support ids [n, K], support probs [n, K])
-        # With CUDA graphs every sequence steps as often as the longest asks: a batch that shrank mid-way would leave
-        # its graph's shape, and the extra rows cost nothing where a bucket pads them anyway. Extra proposals are
-        # dropped below; their KV goes with the next rewind.
-        caught_up = {i: fi.table.num_tokens for i, fi in live}  # committed tokens now in the draft's KV
-        steps_wanted = {i: items[i].k for i in stepping}
-        if self.runner.graphs is not None and stepping:
-            longest = max(steps_wanted.values())
-            steps_wanted = dict.fromkeys(stepping, longest)
         while stepping:
             sequences = [self.sequences.get(items[i].handle) for i in stepping]
             params = [s.sampling for s in sequences]
@@ -119,7 +105,7 @@ class DraftProposer:
             step = len(steps)
             next_rows, next_forward = [], []
             for row, (i, sequence) in enumerate(zip(stepping, sequences)):
-                if step < steps_wanted[i]:
+                if step < items[i].k:
                     next_rows.append(row)
                     next_forward.append((i, ForwardItem(sequence.table, [0], 1)))  # the token comes from `sampled`
             stepping = []
@@ -136,21 +122,17 @@ class DraftProposer:
         tokens = {i: [] for i, _ in live}
         q_ids = {i: [] for i, _ in live}
         q_probs = {i: [] for i, _ in live}
+        # Greedy sequences send q as the one-hot it is: one support entry.
+        support = {i: 1 if self.sequences.get(items[i].handle).sampling.greedy else self.support_size for i, _ in live}
         host = to_host(*(t for step in steps for t in step[1:]))
         for s, (indices, _, _, _) in enumerate(steps):
             sampled, support_ids, support_probs = host[3 * s : 3 * s + 3]
             for row, (i, token) in enumerate(zip(indices, sampled.tolist())):
-                if len(tokens[i]) == items[i].k:
-                    continue  # a step past this sequence's k (graph padding)
-                support = 1 if self.sequences.get(items[i].handle).sampling.greedy else self.support_size
                 tokens[i].append(token)
-                q_ids[i].append(support_ids[row, :support])
-                q_probs[i].append(support_probs[row, :support])
+                q_ids[i].append(support_ids[row, : support[i]])
+                q_probs[i].append(support_probs[row, : support[i]])
         for i, fi in live:
             k_done = len(tokens[i])
-            keep = caught_up[i] + max(k_done - 1, 0)  # the last proposal's KV is never kept
-            if fi.table.num_tokens > keep:  # padding steps ran past this sequence's k
-                self.runner.block_manager.truncate(fi.table, keep)
             results[i] = Proposal(
                 token_ids=tokens[i],
                 q_token_ids=torch.stack(q_ids[i]) if k_done else torch.empty(0, 1, dtype=torch.int64),

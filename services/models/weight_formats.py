@@ -22,9 +22,15 @@ from specsplit.services.errors import InvalidArgument
 
 WEIGHT_FORMATS = ("auto", "dense", "packed", "int8")
 
-# oneDNN picks its blocking for an expected row count; 5 = a k=4 verification, and every count from 1 to 64 stays
-# within a few percent of its best there (measured on the developer CPU).
+# oneDNN picks its blocking for an expected row count; 5 = a k=4 verification. On the developer CPU
+# (bench/bench_cpu_weight_formats.py --matrix) 2-16 rows run within a few percent of the best hint for each count;
+# one row is ~20% and 64 rows ~25% slower than with their own hint.
 PACKED_ROWS_HINT = 5
+
+
+def target_weight_request(requested: str, speculative: bool) -> str:
+    """A target that only decodes (no draft) keeps "auto" dense: the fastest layout for one row at a time."""
+    return "dense" if requested == "auto" and not speculative else requested
 
 
 def resolve_weight_format(requested: str, role: str, device: torch.device, dtype: torch.dtype) -> str:

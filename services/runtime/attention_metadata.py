@@ -13,3 +13,8 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor   # [num_seqs + 1] int32: cumulative query lengths
     max_query_len: int              # host copies of the maxima, so kernels launch without a device sync
     max_seq_len: int
+
+
+def slots_for(block_ids: list[int], positions, block_size: int) -> list[int]:
+    """The cache slot of each position of a sequence whose KV lives in `block_ids`."""
+    return [block_ids[p // block_size] * block_size + p % block_size for p in positions]

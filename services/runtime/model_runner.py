@@ -17,7 +17,7 @@ from specsplit.services.kv.block_manager import BlockManager, BlockTable
 from specsplit.services.kv.paged_cache import PagedKVCache
 from specsplit.services.models.loader import LoadedModel
 from specsplit.kernels.dispatch import use_triton
-from specsplit.services.runtime.attention_metadata import AttentionMetadata
+from specsplit.services.runtime.attention_metadata import AttentionMetadata, slots_for
 from specsplit.services.runtime.cuda_graphs import GraphedForward
 from specsplit.services.runtime.host_transfer import to_device
 
@@ -51,8 +51,7 @@ class ModelRunner:
         if num_blocks is None:
             num_blocks = max(kv_cache_bytes // PagedKVCache.bytes_per_block(self.config, block_size, self.dtype), 1)
         if cuda_graphs is None:
-            probe = torch.empty(0, device=self.device)
-            cuda_graphs = probe.is_cuda and use_triton(probe) and os.environ.get(CUDA_GRAPHS_ENV, "1") != "0"
+            cuda_graphs = param.is_cuda and use_triton(param) and os.environ.get(CUDA_GRAPHS_ENV, "1") != "0"
         self.block_manager = BlockManager(num_blocks, block_size)
         # With graphs, one more block past the managed ones: where padding rows of a graph batch write their KV.
         self.cache = PagedKVCache(self.config, num_blocks + (1 if cuda_graphs else 0), block_size, self.dtype, self.device)
@@ -61,8 +60,7 @@ class ModelRunner:
         self.max_model_len = min(self.config.max_model_len, num_blocks * block_size)
         self.graphs = None
         if cuda_graphs:
-            self.graphs = GraphedForward(self.model, self.cache.layers, block_size, num_blocks, self.max_model_len,
-                                         self.config.hidden_size)
+            self.graphs = GraphedForward(self.model, self.cache.layers, block_size, num_blocks, self.max_model_len)
 
     @property
     def vocab_size(self) -> int:
@@ -89,13 +87,14 @@ class ModelRunner:
         """Like `forward`, but all items' logits rows in one [sum(num_logits), vocab] tensor, in item order.
         `input_ids`: the items' tokens as one tensor already on the device (e.g. the draft's last samples), used
         instead of `item.token_ids`, which then only give the counts — the tokens never visit the host."""
-        q = self.graphs.query_len(items) if self.graphs is not None else None
+        q = self.graphs.query_len(items, input_ids) if self.graphs is not None else None
         if q is not None:
-            hidden = self.graphs.run(items, q, input_ids)
-            if any(item.num_logits != q for item in items):
-                keep = [b * q + j for b, item in enumerate(items) for j in range(q - item.num_logits, q)]
-                if not keep:
-                    return torch.empty(0, self.vocab_size, device=self.device)
+            hidden = self.graphs.run(items, q, input_ids)  # q rows per item, its own tokens first
+            keep = [b * q + j for b, item in enumerate(items)
+                    for j in range(len(item.token_ids) - item.num_logits, len(item.token_ids))]
+            if not keep:
+                return torch.empty(0, self.vocab_size, device=self.device)
+            if len(keep) < len(hidden):
                 hidden = hidden[to_device(keep, torch.int64, self.device)]
             return self.model.compute_logits(hidden)
         if input_ids is not None:
@@ -134,10 +133,10 @@ class ModelRunner:
             item = items[i]
             first = starts[i] + offset
             token_ids.append(item.token_ids[offset : offset + take])
-            pos = list(range(first, first + take))
+            pos = range(first, first + take)
             positions.extend(pos)
             blocks = item.table.block_ids
-            slots.extend(blocks[p // self.block_size] * self.block_size + p % self.block_size for p in pos)
+            slots.extend(slots_for(blocks, pos, self.block_size))
             seq_lens.append(first + take)
             query_lens.append(take)
             tables.append(blocks)

@@ -101,35 +101,10 @@ class TargetVerifier:
                 runnable.append((i, fi))
         if not runnable:
             return results
-        logits = self._score([fi for _, fi in runnable])
+        logits = self.runner.forward_flat([fi for _, fi in runnable])
         for (i, _), verdict in zip(runnable, self._decide([items[i] for i, _ in runnable], [fi for _, fi in runnable], logits)):
             results[i] = verdict
         return results
-
-    def _score(self, forward: list[ForwardItem]) -> torch.Tensor:
-        """Logits of every item's k+1 scored positions, in order. With CUDA graphs, a batch whose sequences verify
-        different numbers of proposals (near their max_tokens) is padded to the longest by repeating each one's
-        last token after its real ones: causal attention keeps the real rows unchanged, the padding's rows are
-        dropped and its KV slots released before deciding, so the batch replays a graph instead of running eager."""
-        lengths = [len(fi.token_ids) for fi in forward]
-        longest = max(lengths)
-        if self.runner.graphs is None or longest == min(lengths) or longest != max(fi.num_logits for fi in forward) \
-                or any(fi.num_logits != n for fi, n in zip(forward, lengths)):
-            return self.runner.forward_flat(forward)
-        pads = [longest - n for n in lengths]
-        padded = [ForwardItem(fi.table, list(fi.token_ids) + [fi.token_ids[-1]] * pad, longest) for fi, pad in zip(forward, pads)]
-        claims = self.runner.reserve([ForwardItem(fi.table, [0] * pad, 0) for fi, pad in zip(forward, pads)])
-        if any(error is not None for error in claims):  # no room for the padding: run as it is
-            for fi, pad, error in zip(forward, pads, claims):
-                if error is None and pad:
-                    self.runner.block_manager.truncate(fi.table, fi.table.num_tokens - pad)
-            return self.runner.forward_flat(forward)
-        logits = self.runner.forward_flat(padded)
-        for fi, pad in zip(forward, pads):
-            if pad:
-                self.runner.block_manager.truncate(fi.table, fi.table.num_tokens - pad)
-        keep = [b * longest + j for b, n in enumerate(lengths) for j in range(n)]
-        return logits[to_device(keep, torch.int64, logits.device)]
 
     def release(self, handles: list[str]) -> int:
         return sum(self.sequences.release(h) for h in handles)
