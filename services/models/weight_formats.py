@@ -23,8 +23,8 @@ from specsplit.services.errors import InvalidArgument
 WEIGHT_FORMATS = ("auto", "dense", "packed", "int8")
 
 # oneDNN picks its blocking for an expected row count; 5 = a k=4 verification. On the developer CPU
-# (bench/bench_cpu_weight_formats.py --matrix) 2-16 rows run within a few percent of the best hint for each count;
-# one row is ~20% and 64 rows ~25% slower than with their own hint.
+# (bench/bench_cpu_weight_formats.py --matrix) 2-64 rows run within ~10% of the best of hints 1/5/16/64 for their
+# count; one row is ~20% slower than with hint 1 (and dense is faster still there).
 PACKED_ROWS_HINT = 5
 
 
