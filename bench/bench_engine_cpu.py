@@ -92,7 +92,8 @@ def main() -> None:
     c = step_cost_ratio(target_dir, draft_dir)
     prompts = (PROMPTS * ((args.batch + len(PROMPTS) - 1) // len(PROMPTS)))[: max(args.batch, len(PROMPTS))]
     rows = []
-    engine = LocalEngine(target, draft, num_speculative_tokens=8, num_kv_blocks=512, coordinator_config=CoordinatorConfig())
+    engine = LocalEngine(target, draft, num_speculative_tokens=8, num_kv_blocks=512, coordinator_config=CoordinatorConfig(),
+                         prefix_caching=False)
     asyncio.run(run(engine, prompts[:1], SamplingParams(max_tokens=8)))  # warm-up
     # Every k runs once per repetition, in turn, so load that drifts over the run hits every k alike; each k's
     # time is its median over repetitions.

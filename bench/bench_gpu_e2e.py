@@ -199,10 +199,12 @@ def correctness_check() -> dict:
     draft_dir = save_model(perturbed_copy(target, 0.01), root / "d")
     outs = {}
     for device in ("cpu", DEVICE):
-        engine = LocalEngine(str(target_dir), str(draft_dir), num_speculative_tokens=4, device=device)
+        engine = LocalEngine(str(target_dir), str(draft_dir), num_speculative_tokens=4, device=device,
+                             prefix_caching=False)
         outs[device] = {k: [r["ids"] for r in _tiny_run(engine, k)] for k in (0, 4)}
     same = outs["cpu"] == outs[DEVICE] and outs["cpu"][0] == outs["cpu"][4]
-    bf16 = LocalEngine(str(target_dir), str(draft_dir), num_speculative_tokens=4, device=DEVICE, dtype="bfloat16")
+    bf16 = LocalEngine(str(target_dir), str(draft_dir), num_speculative_tokens=4, device=DEVICE, dtype="bfloat16",
+                       prefix_caching=False)
     bf16_out = [r["ids"] for r in _tiny_run(bf16, 4)]
     ref = outs["cpu"][0]
     agree = sum(next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(y)) for x, y in zip(bf16_out, ref))
@@ -224,7 +226,7 @@ def split_runs(target_dir, draft_dir, alpha, batches, max_tokens, device_target,
     from specsplit.client import Client
     from specsplit.services.service_commands import spawn_service
 
-    common = ["--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1", "--dtype", "bfloat16"]
+    common = ["--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1", "--dtype", "bfloat16", "--no-prefix-caching"]
     procs = []
     rows = []
     try:
@@ -278,7 +280,7 @@ def split_only(args, size, hf_target, hf_draft, target, draft) -> None:
     hf_target.save_pretrained(root / "target")
     hf_draft.save_pretrained(root / "draft")
     engine = LocalEngine(target, draft, num_speculative_tokens=K, coordinator_config=CoordinatorConfig(max_num_seqs=256),
-                         synthetic_acceptance=args.split_alpha)
+                         synthetic_acceptance=args.split_alpha, prefix_caching=False)
     run_local(engine, 2, K, 16)
     run_local(engine, 2, 0, 16)
     in_process = {}
@@ -371,7 +373,7 @@ def main() -> None:
         _empty_cache()
 
         config = CoordinatorConfig(max_num_seqs=256)
-        engine = LocalEngine(target, draft, num_speculative_tokens=K, coordinator_config=config)
+        engine = LocalEngine(target, draft, num_speculative_tokens=K, coordinator_config=config, prefix_caching=False)
         run_local(engine, 2, K, 16)  # warm-up (compiles kernels)
         run_local(engine, 2, 0, 16)
         baseline = {}
@@ -408,7 +410,8 @@ def main() -> None:
         # The same engine without CUDA graphs, side by side in this run.
         if args.eager_batches:
             os.environ["SPECSPLIT_CUDA_GRAPHS"] = "0"
-            eager = LocalEngine(target, draft, num_speculative_tokens=K, coordinator_config=CoordinatorConfig(max_num_seqs=256))
+            eager = LocalEngine(target, draft, num_speculative_tokens=K, prefix_caching=False,
+                                coordinator_config=CoordinatorConfig(max_num_seqs=256))
             del os.environ["SPECSPLIT_CUDA_GRAPHS"]
             run_local(eager, 2, K, 16)
             run_local(eager, 2, 0, 16)
@@ -431,7 +434,8 @@ def main() -> None:
             save(args.name)
 
         # alpha = 1 for real: the target drafts for itself (c = 1), real rejection sampler, greedy.
-        self_engine = LocalEngine(target, target, num_speculative_tokens=K, coordinator_config=CoordinatorConfig(max_num_seqs=256))
+        self_engine = LocalEngine(target, target, num_speculative_tokens=K, prefix_caching=False,
+                                  coordinator_config=CoordinatorConfig(max_num_seqs=256))
         run_local(self_engine, 2, K, 16)
         for batch in batches[:2]:
             row = {"target": size, "mode": "speculative_in_process_draft_is_target", "batch": batch, "k": K,

@@ -9,8 +9,10 @@ split services target-only (`serve --draft none`: dense target, the fastest layo
 k = 4 and 6, and the in-process engine at k = 4.
 
 Part A, acceptance: HumanEval prompts (code) and Shakespeare passages (prose), k in {2, 4, 6}, greedy and
-temperature 0.7, `--concurrency` requests at a time. Records acceptance rate, tokens per round and per-position
-acceptance, and checks greedy speculative output equals the services' target-only output on every prompt.
+temperature 0.7, `--concurrency` requests at a time, all on one set of services. Records acceptance rate, tokens per
+round and per-position acceptance, and checks greedy speculative output equals the services' target-only output on
+every prompt. The workers' prefix caches (kv/prefix_cache.py) keep every prompt's KV from the first configuration
+(target-only) for the other twelve, so each prompt is prefilled once, not 13 times; `--kv-blocks` must hold them all.
 
 Part C: transformers' greedy `generate` with the target alone (batch 1, no padding) on every HumanEval prompt of
 part A, compared token for token with the services' greedy output (target-only and every k).
@@ -88,9 +90,12 @@ def speed_part(args, target_dir, draft_dir, tokenizer) -> tuple[list[dict], dict
     del target, draft
     gc.collect()
 
+    # Prefix caching off: every system pays each prompt's prefill, as transformers does (the warm-up and the second
+    # pass over the same prompts would otherwise find them cached).
     runs = (("split_target_only", None, (0,)), ("split_speculative", draft_dir, (4, 6)))
     for name, draft_path, ks in runs:
-        with Services(target_dir, draft_path, args.kv_blocks) as address, Client(address, timeout=3600) as client:
+        with Services(target_dir, draft_path, args.kv_blocks, "--no-prefix-caching") as address, \
+                Client(address, timeout=3600) as client:
             client.generate(ids[0], max_tokens=4)  # warm-up: first calls pay one-time costs
             for k in ks:  # one pass over the prompts per k
                 for prompt_ids in ids:
@@ -99,7 +104,8 @@ def speed_part(args, target_dir, draft_dir, tokenizer) -> tuple[list[dict], dict
                     record(name if k == 0 else f"{name}_k{k}", time.perf_counter() - start, r.token_ids)
         print(name, "done", flush=True)
 
-    engine = LocalEngine(str(target_dir), str(draft_dir), num_speculative_tokens=4, num_kv_blocks=args.kv_blocks)
+    engine = LocalEngine(str(target_dir), str(draft_dir), num_speculative_tokens=4, num_kv_blocks=args.kv_blocks,
+                         prefix_caching=False)
     asyncio.run(engine.generate(ids[0], SamplingParams(max_tokens=4)))
     for prompt_ids in ids:
         start = time.perf_counter()
@@ -208,7 +214,7 @@ def main() -> None:
     parser.add_argument("--speed-prompts", type=int, default=5)
     parser.add_argument("--speed-max-tokens", type=int, default=48)
     parser.add_argument("--parts", default="B,A,C", help="which parts to run, in this order")
-    parser.add_argument("--kv-blocks", type=int, default=1024, help="KV blocks per model (16 tokens each)")
+    parser.add_argument("--kv-blocks", type=int, default=2560, help="KV blocks per model (16 tokens each)")
     parser.add_argument("--name", default="", help="suffix for the result files")
     args = parser.parse_args()
     from transformers import AutoTokenizer

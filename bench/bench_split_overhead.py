@@ -59,10 +59,10 @@ def main() -> None:
     target_dir, draft_dir = build_pair(root)
     batches = [int(b) for b in args.batches.split(",")]
     engine = LocalEngine(str(target_dir), str(draft_dir), num_speculative_tokens=4, num_kv_blocks=1024,
-                         coordinator_config=CoordinatorConfig(max_num_seqs=256))
+                         coordinator_config=CoordinatorConfig(max_num_seqs=256), prefix_caching=False)
     cluster = Cluster()
     common = ["--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1"]
-    kv = ["--num-kv-blocks", "1024"]
+    kv = ["--num-kv-blocks", "1024", "--no-prefix-caching"]  # every pass pays its prefills, like the engine
     # The services get the same single torch thread as the in-process engine, so the comparison is like for like.
     env = {"OMP_NUM_THREADS": "1"}
     cluster.start({"target": ["target", "--model", str(target_dir), *common, *kv], "draft": ["draft", "--model", str(draft_dir), *common, *kv]}, env=env)

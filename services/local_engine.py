@@ -43,6 +43,7 @@ class LocalEngine:
         synthetic_acceptance: float | None = None,
         target_weights: str = "auto",
         draft_weights: str = "auto",
+        prefix_caching: bool = True,
     ):
         """`synthetic_acceptance`: BENCHMARK ONLY, not lossless (services/target/synthetic_acceptance.py).
         `target_weights` / `draft_weights`: how each model's linear layers hold weights (models/weight_formats.py);
@@ -57,13 +58,15 @@ class LocalEngine:
         use_weight_format(self.target, target_weight_request(target_weights, self.draft is not None), "target")
         if self.draft is not None:
             use_weight_format(self.draft, draft_weights, "draft")
-        self.target_runner = ModelRunner(self.target, num_blocks=num_kv_blocks, block_size=block_size)
+        self.target_runner = ModelRunner(self.target, num_blocks=num_kv_blocks, block_size=block_size,
+                                         prefix_caching=prefix_caching)
         self.verifier = TargetVerifier(self.target_runner, synthetic_acceptance=synthetic_acceptance)
         targets = ReplicaPool("target", [LocalTargetClient(self.verifier)])
         drafts = []
         self.proposer = None
         if self.draft is not None:
-            self.draft_runner = ModelRunner(self.draft, num_blocks=num_kv_blocks, block_size=block_size)
+            self.draft_runner = ModelRunner(self.draft, num_blocks=num_kv_blocks, block_size=block_size,
+                                            prefix_caching=prefix_caching)
             self.proposer = DraftProposer(self.draft_runner, support_size=draft_support)
             drafts = [ReplicaPool("default", [LocalDraftClient(self.proposer)])]
         config = coordinator_config or CoordinatorConfig()

@@ -107,7 +107,7 @@ def _run_worker(args) -> int:
     if args.tensor_parallel_size != 1:
         raise SystemExit("specsplit: error: tensor parallelism (--tensor-parallel-size > 1) is not available in this version")
     options = dict(dtype=args.dtype, device=args.device, num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
-                   weight_format=args.weights)
+                   weight_format=args.weights, prefix_caching=args.prefix_caching)
     if args.role == "draft":
         options["draft_support"] = args.draft_support
     elif args.synthetic_acceptance is not None:
@@ -160,6 +160,8 @@ def _run_serve(args) -> int:
     worker_metrics = ["--metrics-port", "0" if args.metrics_port >= 0 else "-1"]
     if args.num_kv_blocks:
         model_flags += ["--num-kv-blocks", str(args.num_kv_blocks)]
+    if not args.prefix_caching:
+        model_flags += ["--no-prefix-caching"]
     processes = []
     try:
         print(f"starting target ({args.target})" + (f" and draft ({args.draft})" if args.draft else "") + " ...", file=sys.stderr)

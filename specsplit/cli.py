@@ -31,6 +31,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--num-kv-blocks", type=int, default=None, help="KV cache size in blocks (default: 1 GiB worth)")
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
+                   help="run every prompt in full instead of reusing the KV of earlier prompts' identical leading blocks")
 
 
 def sampling_params_from_args(args) -> SamplingParams:
@@ -88,7 +90,7 @@ async def _generate_local(args) -> int:
     k = args.num_speculative_tokens if args.num_speculative_tokens is not None else 4
     engine = LocalEngine(
         args.target, args.draft, num_speculative_tokens=k, dtype=args.dtype, device=args.device,
-        num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks, block_size=args.block_size, prefix_caching=args.prefix_caching,
         target_weights=args.target_weights, draft_weights=args.draft_weights,
     )
     params = sampling_params_from_args(args)

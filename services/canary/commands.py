@@ -32,7 +32,7 @@ def _run_compare(args) -> int:
     comparison = run_comparison(
         args.target, args.draft, prompts, max_tokens=args.max_tokens, num_speculative_tokens=args.num_speculative_tokens,
         baseline=not args.no_baseline, dtype=args.dtype, device=args.device, chat=args.chat, ignore_eos=args.ignore_eos,
-        num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks, block_size=args.block_size, prefix_caching=args.prefix_caching,
     )
     paths = write_report(comparison, args.out)
     sys.stdout.write(paths["markdown"].read_text(encoding="utf-8"))

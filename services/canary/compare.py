@@ -136,7 +136,7 @@ def draft_labels(drafts: list[str]) -> list[str]:
 def run_comparison(target: str, drafts: list[str], prompts: list[str], max_tokens: int = 64,
                    num_speculative_tokens: int = 4, baseline: bool = True, dtype: str = "float32",
                    device: str = "cpu", chat: bool = False, ignore_eos: bool = False, num_kv_blocks: int | None = None,
-                   block_size: int = 16) -> Comparison:
+                   block_size: int = 16, prefix_caching: bool = True) -> Comparison:
     from specsplit.services.models.loader import load_model
 
     target_model = load_model(target, dtype, device)
@@ -146,7 +146,8 @@ def run_comparison(target: str, drafts: list[str], prompts: list[str], max_token
     runs = []
     for label, draft in plan:
         draft_model = load_model(draft, dtype, device) if draft is not None else None
-        engine_options = dict(dtype=dtype, device=device, num_kv_blocks=num_kv_blocks, block_size=block_size)
+        engine_options = dict(dtype=dtype, device=device, num_kv_blocks=num_kv_blocks, block_size=block_size,
+                              prefix_caching=prefix_caching)
         runs.append(asyncio.run(_run_one(
             label, draft, target_model, draft_model, prompts, max_tokens, num_speculative_tokens, chat, ignore_eos, engine_options
         )))

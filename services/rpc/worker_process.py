@@ -15,10 +15,10 @@ log = logging.getLogger(__name__)
 
 
 def build_worker_service(role: str, model: str, dtype="float32", device="cpu", num_kv_blocks=None, block_size=16, draft_support=32,
-                         synthetic_acceptance=None, weight_format="auto"):
+                         synthetic_acceptance=None, weight_format="auto", prefix_caching=True):
     loaded = load_model(model, dtype, device)
     use_weight_format(loaded, weight_format, role)
-    runner = ModelRunner(loaded, num_blocks=num_kv_blocks, block_size=block_size)
+    runner = ModelRunner(loaded, num_blocks=num_kv_blocks, block_size=block_size, prefix_caching=prefix_caching)
     if role == "draft":
         from specsplit.services.draft.proposer import DraftProposer
         from specsplit.services.draft.server import DraftService

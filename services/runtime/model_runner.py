@@ -40,9 +40,11 @@ class ModelRunner:
         kv_cache_bytes: int = 1 << 30,
         max_batch_tokens: int = 2048,
         cuda_graphs: bool | None = None,
+        prefix_caching: bool = True,
     ):
         """`cuda_graphs`: replay captured graphs for uniform batches (runtime/cuda_graphs.py); None = on a CUDA
-        device with the Triton kernels unless SPECSPLIT_CUDA_GRAPHS=0."""
+        device with the Triton kernels unless SPECSPLIT_CUDA_GRAPHS=0. `prefix_caching`: prompts reuse the KV of
+        earlier prompts' identical leading blocks (kv/prefix_cache.py)."""
         self.loaded = loaded
         self.model = loaded.model
         self.config = loaded.config
@@ -52,7 +54,7 @@ class ModelRunner:
             num_blocks = max(kv_cache_bytes // PagedKVCache.bytes_per_block(self.config, block_size, self.dtype), 1)
         if cuda_graphs is None:
             cuda_graphs = param.is_cuda and use_triton(param) and os.environ.get(CUDA_GRAPHS_ENV, "1") != "0"
-        self.block_manager = BlockManager(num_blocks, block_size)
+        self.block_manager = BlockManager(num_blocks, block_size, prefix_caching=prefix_caching)
         # With graphs, one more block past the managed ones: where padding rows of a graph batch write their KV.
         self.cache = PagedKVCache(self.config, num_blocks + (1 if cuda_graphs else 0), block_size, self.dtype, self.device)
         self.block_size = block_size

@@ -69,8 +69,10 @@ class TargetVerifier:
         for i, item in enumerate(items):
             try:
                 self.sequences.check_prompt(item.token_ids, "target")
-                self.sequences.create(item.handle, item.sampling)
-                verify_items.append(VerifyItem(item.handle, 0, list(item.token_ids), logprobs=item.logprobs))
+                sequence = self.sequences.create(item.handle, item.sampling)
+                # The last prompt token always runs: its logits give the first token.
+                cached = self.runner.block_manager.reuse_prefix(sequence.table, item.token_ids, len(item.token_ids) - 1)
+                verify_items.append(VerifyItem(item.handle, cached, list(item.token_ids[cached:]), logprobs=item.logprobs))
                 index.append(i)
             except Exception as error:
                 results[i] = error
@@ -78,6 +80,8 @@ class TargetVerifier:
             results[i] = verdict
             if isinstance(verdict, Exception):
                 self.sequences.release(items[i].handle)
+            else:
+                self.runner.block_manager.remember_prefix(self.sequences.get(items[i].handle).table, items[i].token_ids)
         return results
 
     def verify(self, items: list[VerifyItem]) -> list[Verdict | Exception]:

@@ -13,7 +13,7 @@ Metrics are always kept (cheap); spans only when tracing is on.
 import time
 
 from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from specsplit.services.telemetry import tracing
 from specsplit.services.telemetry.trace_propagation import item_contexts
@@ -192,3 +192,12 @@ class _WorkerGauges:
             family = GaugeMetricFamily(name, help_text, labels=["role"])
             family.add_metric([t.role], value)
             yield family
+        cache = manager.prefix_cache
+        if cache is not None:
+            for name, help_text, value in (
+                ("specsplit_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache", cache.queried_tokens),
+                ("specsplit_prefix_cache_hit_tokens", "Prompt tokens whose KV came from the prefix cache", cache.hit_tokens),
+            ):
+                family = CounterMetricFamily(name, help_text, labels=["role"])
+                family.add_metric([t.role], value)
+                yield family

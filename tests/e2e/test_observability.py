@@ -209,6 +209,17 @@ def test_metrics_move_as_requests_run(observed):
             assert 1.0 <= value(c1, "specsplit_mean_accepted_length", variant=v) <= 5.0
             assert 0.2 <= value(c1, "specsplit_system_efficiency", variant=v) <= 1.0
     assert value(c1, "specsplit_running_sequences", role="coordinator") == 0
+    # The prefix cache: the second of two identical 40-token prompts finds its first two blocks on both workers.
+    with Client(cluster.addresses["coordinator"], timeout=60) as client:
+        for _ in range(2):
+            client.generate("def prefix_cached(x):\n    return x + 1\n#", max_tokens=4, ignore_eos=True)
+    last = {name: scrape(url) for name, url in urls.items()}
+    assert value(last["target"], "specsplit_prefix_cache_hit_tokens_total", role="target") - \
+        value(after["target"], "specsplit_prefix_cache_hit_tokens_total", role="target") == 32
+    assert value(last["target"], "specsplit_prefix_cache_queried_tokens_total", role="target") - \
+        value(after["target"], "specsplit_prefix_cache_queried_tokens_total", role="target") == 2 * 40
+    assert sum(value(last[d], "specsplit_prefix_cache_hit_tokens_total", role="draft") -
+               value(after[d], "specsplit_prefix_cache_hit_tokens_total", role="draft") for d in ("draft_a", "draft_b")) in (0, 32)
 
 
 def test_canary_split_honours_weights_and_reports_per_variant(observed):
