@@ -101,6 +101,9 @@ def test_cuda_graphs_are_used_and_match_eager(tiny_pair, cpu_reference, monkeypa
         assert generate(graphed, k) == cpu_reference, f"k={k}"
     assert (1, 4) in graphed.draft_runner.graphs.graphs  # draft steps of 4 sequences
     assert (5, 4) in graphed.target_runner.graphs.graphs  # verifications of k+1 = 5 tokens
+    # The second and third passes found the long prompt's 8 full blocks in the prefix cache (the prefill ran only
+    # its last tokens, on top of cached KV) and still gave the CPU's tokens.
+    assert graphed.target_runner.block_manager.prefix_cache.hit_tokens >= 2 * 128
     tok = byte_tokenizer()
 
     async def three():
