@@ -138,11 +138,12 @@ def acceptance_part(args, target_dir, draft_dir) -> tuple[list[dict], dict]:
         "humaneval": [p["prompt"] for p in humaneval_prompts(args.acceptance_prompts)],
         "shakespeare": [p["prompt"] for p in shakespeare_prompts(args.prose_prompts, 400, seed=0)],
     }
-    rows, greedy_outputs = [], {}
+    rows, greedy_outputs, prompt_tokens = [], {}, {}
     with Services(target_dir, draft_dir, args.kv_blocks) as address:
         for name, prompts in sets.items():
             base = run_many(address, prompts, dict(max_tokens=args.max_tokens, num_speculative_tokens=0), args.concurrency)
             greedy_outputs[(name, 0)] = [r.token_ids for r in base]
+            prompt_tokens[name] = sum(r.prompt_tokens for r in base)
             for temperature in (0.0, 0.7):
                 for k in (2, 4, 6):
                     params = dict(max_tokens=args.max_tokens, num_speculative_tokens=k, temperature=temperature, seed=7)
@@ -171,7 +172,7 @@ def acceptance_part(args, target_dir, draft_dir) -> tuple[list[dict], dict]:
                         ]
                     rows.append(row)
                     print({k2: v for k2, v in row.items() if k2 != "per_position"}, flush=True)
-    return rows, greedy_outputs
+    return rows, greedy_outputs, prompt_tokens
 
 
 def transformers_check_part(args, target_dir, tokenizer, greedy_outputs) -> dict:
@@ -230,9 +231,16 @@ def main() -> None:
         print_table(rows, ["system", "tokens_per_s", "vs_split_target_only", "vs_transformers_assisted",
                            "identical_to_transformers_greedy"])
     if "A" in parts:
-        rows, greedy_outputs = acceptance_part(args, target_dir, draft_dir)
-        check = transformers_check_part(args, target_dir, tokenizer, greedy_outputs) if "C" in parts else None
-        write_results("real_pair_acceptance_cpu" + args.name, rows, {**extra, "greedy_vs_transformers": check})
+        start = time.perf_counter()
+        rows, greedy_outputs, prompt_tokens = acceptance_part(args, target_dir, draft_dir)
+        seconds = {"part_A": time.perf_counter() - start}
+        check = None
+        if "C" in parts:
+            start = time.perf_counter()
+            check = transformers_check_part(args, target_dir, tokenizer, greedy_outputs)
+            seconds["part_C"] = time.perf_counter() - start
+        write_results("real_pair_acceptance_cpu" + args.name, rows, {**extra, "greedy_vs_transformers": check,
+                                                                     "prompt_tokens": prompt_tokens, "seconds": seconds})
         print_table(rows, ["prompts", "temperature", "k", "acceptance", "mean_accepted_length", "tokens_per_round",
                            "identical_to_target_only"])
 

@@ -58,18 +58,16 @@ class DraftProposer:
         forward: list[tuple[int, ForwardItem]] = []
         for i, item in enumerate(items):
             try:
-                self.sequences.check_prompt(item.token_ids, "draft")
-                sequence = self.sequences.create(item.handle, item.sampling)
-                # At least one token runs, so every prefill is a forward like any other.
-                cached = self.runner.block_manager.reuse_prefix(sequence.table, item.token_ids, len(item.token_ids) - 1)
+                sequence, cached = self.sequences.start(item.handle, item.sampling, item.token_ids, "draft")
                 forward.append((i, ForwardItem(sequence.table, item.token_ids[cached:], 0)))
             except Exception as error:  # per-item failure; the rest of the batch goes on
                 results[i] = error
         self._reserve_and_run(forward, results, items)
-        for i, fi in forward:
+        for i, _ in forward:
             if results[i] is None:
-                self.runner.block_manager.remember_prefix(fi.table, items[i].token_ids)
-                results[i] = fi.table.num_tokens
+                sequence = self.sequences.get(items[i].handle)
+                self.sequences.prompt_written(sequence, items[i].token_ids)
+                results[i] = sequence.table.num_tokens
             else:  # a prompt that did not fit leaves nothing behind
                 self.sequences.release(items[i].handle)
         return results

@@ -33,6 +33,7 @@ class PrefixCache:
         self._idle: OrderedDict[int, None] = OrderedDict()  # oldest first
         self.queried_tokens = 0  # prompt tokens looked up
         self.hit_tokens = 0      # of those, found in the cache (their forward was skipped)
+        self.evicted_blocks = 0  # idle cached blocks taken back for new KV (many: the cache is too small to keep prefixes)
 
     @property
     def num_idle(self) -> int:
@@ -69,4 +70,5 @@ class PrefixCache:
         """Hand back the least recently used idle block, forgotten."""
         block = next(iter(self._idle))
         self.forget(block)
+        self.evicted_blocks += 1
         return block

@@ -5,10 +5,9 @@ last positions need logits (1 for a draft step, k+1 for verification, 0 for a dr
 into chunks of at most `max_batch_tokens` so a long prompt never needs one giant activation.
 """
 
+import os
 from dataclasses import dataclass
 from itertools import accumulate
-
-import os
 
 import torch
 

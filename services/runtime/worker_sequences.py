@@ -49,7 +49,11 @@ class WorkerSequences:
     def handles(self) -> list[str]:
         return list(self._by_handle)
 
-    def create(self, handle: str, sampling: WorkerSampling) -> WorkerSequence:
+    def start(self, handle: str, sampling: WorkerSampling, prompt: list[int], role: str) -> tuple[WorkerSequence, int]:
+        """A new sequence for `prompt`, on the KV of its longest cached prefix (kv/prefix_cache.py). Returns it and
+        how many prompt tokens that KV already holds; the rest must run. The last prompt token always runs: its
+        logits give the target's first token, and every prefill stays a forward of at least one token."""
+        self.check_prompt(prompt, role)
         if not handle:
             raise InvalidArgument("sequence handle must be non-empty")
         if handle in self._by_handle:  # a retried prefill starts over
@@ -57,7 +61,11 @@ class WorkerSequences:
         sequence = WorkerSequence(handle, sampling)
         self._by_handle[handle] = sequence
         self.created_total += 1
-        return sequence
+        return sequence, self.runner.block_manager.reuse_prefix(sequence.table, prompt, len(prompt) - 1)
+
+    def prompt_written(self, sequence: WorkerSequence, prompt: list[int]) -> None:
+        """The prompt's KV is in the cache: offer its full blocks to later prompts."""
+        self.runner.block_manager.remember_prefix(sequence.table, prompt)
 
     def get(self, handle: str) -> WorkerSequence:
         sequence = self._by_handle.get(handle)

@@ -68,10 +68,7 @@ class TargetVerifier:
         verify_items, index = [], []
         for i, item in enumerate(items):
             try:
-                self.sequences.check_prompt(item.token_ids, "target")
-                sequence = self.sequences.create(item.handle, item.sampling)
-                # The last prompt token always runs: its logits give the first token.
-                cached = self.runner.block_manager.reuse_prefix(sequence.table, item.token_ids, len(item.token_ids) - 1)
+                _, cached = self.sequences.start(item.handle, item.sampling, item.token_ids, "target")
                 verify_items.append(VerifyItem(item.handle, cached, list(item.token_ids[cached:]), logprobs=item.logprobs))
                 index.append(i)
             except Exception as error:
@@ -81,7 +78,7 @@ class TargetVerifier:
             if isinstance(verdict, Exception):
                 self.sequences.release(items[i].handle)
             else:
-                self.runner.block_manager.remember_prefix(self.sequences.get(items[i].handle).table, items[i].token_ids)
+                self.sequences.prompt_written(self.sequences.get(items[i].handle), items[i].token_ids)
         return results
 
     def verify(self, items: list[VerifyItem]) -> list[Verdict | Exception]:

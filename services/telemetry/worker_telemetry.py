@@ -197,6 +197,7 @@ class _WorkerGauges:
             for name, help_text, value in (
                 ("specsplit_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache", cache.queried_tokens),
                 ("specsplit_prefix_cache_hit_tokens", "Prompt tokens whose KV came from the prefix cache", cache.hit_tokens),
+                ("specsplit_prefix_cache_evicted_blocks", "Cached prefix blocks taken back for new KV", cache.evicted_blocks),
             ):
                 family = CounterMetricFamily(name, help_text, labels=["role"])
                 family.add_metric([t.role], value)

@@ -103,6 +103,7 @@ def test_idle_cached_blocks_are_evicted_least_recently_used_first():
     _, hit = start(bm, [2] * 5)  # b's block is still cached; its partial block evicts a's second
     assert hit == 4 and bm.num_free_blocks == 0
     assert bm.reuse_prefix(BlockTable(), [1] * 9, 8) == 0  # a's prefix is gone
+    assert bm.prefix_cache.evicted_blocks == 2
     with pytest.raises(KVCacheFull):
         bm.allocate(1)
 

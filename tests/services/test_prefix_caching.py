@@ -48,9 +48,11 @@ def test_concurrent_requests_share_cached_blocks(tiny_pair, reference):
 
 
 def test_a_small_cache_evicts_instead_of_refusing(tiny_pair, reference):
-    # 10 blocks of 16 tokens: one request at a time fits, the cached blocks of earlier prompts must make way.
+    # 7 blocks of 16 tokens: one request at a time fits (~102 tokens at most), the cached blocks of earlier prompts
+    # must make way.
     engine = LocalEngine(tiny_pair["target"], tiny_pair["close"], num_speculative_tokens=3, dtype="float64",
-                         num_kv_blocks=10)
+                         num_kv_blocks=7)
     outputs = [run(engine, [p], [params])[0].token_ids for p, params in zip(PROMPTS * 2, PARAMS * 2)]
     assert outputs == reference * 2
+    assert engine.target_runner.block_manager.prefix_cache.evicted_blocks > 0
     assert engine.kv_blocks_used() == {"target": 0, "draft": 0}
