@@ -29,7 +29,8 @@ def fake_prepared(monkeypatch, tmp_path, name: str) -> ModelSpec:
     monkeypatch.setenv("SPECSPLIT_CACHE", str(tmp_path))
     folder = preparation.models_root() / name
     folder.mkdir(parents=True)
-    (folder / preparation.MARKER).write_text(json.dumps({"sha256": spec.sha256}))
+    (folder / preparation.MARKER).write_text(json.dumps(
+        {"sha256": spec.sha256, "format_version": preparation.FORMAT_VERSION, "dtype": preparation.PREPARED_DTYPE}))
     return spec
 
 
