@@ -367,19 +367,18 @@ def bench_rejection(log) -> list[dict]:
     rows = []
     vocab, k, support = 151_936, 5, 32
     for batch in (1, 16, 64):
-        total = batch * k
-        p = torch.softmax(torch.randn(total + batch, vocab, device="cuda") * 3, -1)
-        q_probs, q_ids = p[:total].topk(support, -1)
-        q_probs = q_probs / q_probs.sum(1, keepdim=True)
-        draft = q_ids[:, 0].clone()
-        cu = torch.arange(0, total + 1, k, device="cuda")
-        accept_u, sample_u = torch.rand(total, device="cuda"), torch.rand(total + batch, device="cuda")
-        args = (p, draft, q_ids, q_probs, cu, accept_u, sample_u)
+        p = torch.softmax(torch.randn(batch, k + 1, vocab, device="cuda") * 3, -1)
+        q_probs, q_ids = p[:, :k].topk(support, -1)
+        q_probs = q_probs / q_probs.sum(-1, keepdim=True)
+        draft = q_ids[..., 0].clone()
+        num_draft = torch.full((batch,), k, device="cuda")
+        accept_u, sample_u = torch.rand(batch, k, device="cuda"), torch.rand(batch, k + 1, device="cuda")
+        args = (p, draft, q_ids, q_probs, num_draft, accept_u, sample_u)
         want = rejection_sample_torch(*args)
-        got = rejection_sample_triton(*args, max_num_draft=k)
+        got = rejection_sample_triton(*args)
         row = {"batch": batch, "vocab": vocab, "k": k, "support": support,
                "equal": bool(torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])),
-               "triton_us": 1e3 * median_ms(lambda: rejection_sample_triton(*args, max_num_draft=k)),
+               "triton_us": 1e3 * median_ms(lambda: rejection_sample_triton(*args)),
                "torch_us": 1e3 * median_ms(lambda: rejection_sample_torch(*args), warmup=5, rep=30)}
         rows.append(row)
         log(f"rejection {row}")

@@ -15,6 +15,9 @@ from specsplit.kernels.counter_rng import counter_uniform_torch
 from specsplit.kernels.kv_write import write_kv_torch
 from specsplit.kernels.paged_attention import paged_attention_torch
 from specsplit.kernels.rejection_sampling import rejection_sample_torch, sample_from_probs_torch
+from specsplit.kernels.rms_norm import add_rms_norm_torch
+from specsplit.kernels.rotary_kv import rotary_kv_torch
+from specsplit.kernels.silu_mul import silu_mul_torch
 
 ENV_VAR = "SPECSPLIT_KERNELS"
 
@@ -68,16 +71,48 @@ def write_kv(key, value, key_cache, value_cache, slot_mapping) -> None:
     return write_kv_torch(key, value, key_cache, value_cache, slot_mapping)
 
 
-def rejection_sample(target_probs, draft_token_ids, q_token_ids, q_probs, cu_num_draft, accept_uniforms,
-                     sample_uniforms, max_num_draft: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`max_num_draft` (the largest k in the batch, known on the host) spares the Triton path its one sync."""
+def add_rms_norm(x, residual, weight, eps: float):
+    """(weight * rmsnorm(x + residual), x + residual); residual None = plain RMSNorm of x (and x itself)."""
+    if use_triton(x):
+        from specsplit.kernels.rms_norm_triton import add_rms_norm_triton
+
+        with on_device(x):
+            return add_rms_norm_triton(x, residual, weight, eps)
+    return add_rms_norm_torch(x, residual, weight, eps)
+
+
+def rotary_kv(qkv, positions, cos_sin, key_cache, value_cache, slot_mapping, num_heads: int, num_kv_heads: int,
+              head_dim: int):
+    """Rotate q and k of the fused projection, write k and v to the cache; returns q rotated."""
+    if use_triton(qkv):
+        from specsplit.kernels.rotary_kv_triton import rotary_kv_triton
+
+        with on_device(qkv):
+            return rotary_kv_triton(qkv, positions, cos_sin, key_cache, value_cache, slot_mapping, num_heads,
+                                    num_kv_heads, head_dim)
+    return rotary_kv_torch(qkv, positions, cos_sin, key_cache, value_cache, slot_mapping, num_heads, num_kv_heads,
+                           head_dim)
+
+
+def silu_mul(gate_up):
+    if use_triton(gate_up):
+        from specsplit.kernels.silu_mul_triton import silu_mul_triton
+
+        with on_device(gate_up):
+            return silu_mul_triton(gate_up)
+    return silu_mul_torch(gate_up)
+
+
+def rejection_sample(target_probs, draft_token_ids, q_token_ids, q_probs, num_draft, accept_uniforms,
+                     sample_uniforms) -> tuple[torch.Tensor, torch.Tensor]:
+    """Padded layout (kernels/rejection_sampling.py): no host sync on either path."""
     if use_triton(target_probs):
         from specsplit.kernels.rejection_sampling_triton import rejection_sample_triton
 
         with on_device(target_probs):
-            return rejection_sample_triton(target_probs, draft_token_ids, q_token_ids, q_probs, cu_num_draft,
-                                           accept_uniforms, sample_uniforms, max_num_draft=max_num_draft)
-    return rejection_sample_torch(target_probs, draft_token_ids, q_token_ids, q_probs, cu_num_draft,
+            return rejection_sample_triton(target_probs, draft_token_ids, q_token_ids, q_probs, num_draft,
+                                           accept_uniforms, sample_uniforms)
+    return rejection_sample_torch(target_probs, draft_token_ids, q_token_ids, q_probs, num_draft,
                                   accept_uniforms, sample_uniforms)
 
 

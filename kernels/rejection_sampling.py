@@ -11,15 +11,15 @@ distribution q, provided q is the distribution d_i was really drawn from (Leviat
 Greedy needs no special case: a greedy target row is one-hot at its argmax and a greedy draft's q is one-hot at its
 token, so the test accepts iff d_i is the argmax and the residual is that argmax.
 
-Shapes (flattened over sequences; sequence b owns draft rows `cu_num_draft[b]:cu_num_draft[b+1]` and target rows
-`cu_num_draft[b] + b : cu_num_draft[b+1] + b + 1`):
-    target_probs:    [num_draft_total + num_seqs, vocab] float32, p at every position, rows sum to 1
-    draft_token_ids: [num_draft_total] int64
-    q_token_ids:     [num_draft_total, K] int64, support of q (padding entries have probability 0)
-    q_probs:         [num_draft_total, K] float32
-    cu_num_draft:    [num_seqs + 1] int64
-    accept_uniforms: [num_draft_total] float32 in (0, 1)
-    sample_uniforms: [num_draft_total + num_seqs] float32 in (0, 1), one per target row
+Shapes (padded per sequence, so every shape is fixed by (num_seqs, max_k) and a call can be captured in a graph;
+sequence b proposed num_draft[b] <= max_k tokens, the rest of its row is padding):
+    target_probs:    [num_seqs, max_k + 1, vocab] float32, p at every position, rows sum to 1
+    draft_token_ids: [num_seqs, max_k] int64
+    q_token_ids:     [num_seqs, max_k, K] int64, support of q (padding entries have probability 0)
+    q_probs:         [num_seqs, max_k, K] float32
+    num_draft:       [num_seqs] int64
+    accept_uniforms: [num_seqs, max_k] float32 in (0, 1)
+    sample_uniforms: [num_seqs, max_k + 1] float32 in (0, 1), one per target row
 Returns:
     output_tokens:   [num_seqs, max_k + 1] int64, emitted tokens, padded with -1
     num_accepted:    [num_seqs] int64
@@ -41,42 +41,37 @@ def rejection_sample_torch(
     draft_token_ids: torch.Tensor,
     q_token_ids: torch.Tensor,
     q_probs: torch.Tensor,
-    cu_num_draft: torch.Tensor,
+    num_draft: torch.Tensor,
     accept_uniforms: torch.Tensor,
     sample_uniforms: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    num_seqs = cu_num_draft.shape[0] - 1
-    num_draft = (cu_num_draft[1:] - cu_num_draft[:-1]).tolist()
-    max_k = max(num_draft, default=0)
+    """Batched tensor ops only (no host reads), so this runs inside a graph as well as the Triton kernel does."""
+    num_seqs, width, vocab = target_probs.shape
+    max_k = width - 1
     device = target_probs.device
-    output = torch.full((num_seqs, max_k + 1), -1, dtype=torch.int64, device=device)
-    num_accepted = torch.zeros(num_seqs, dtype=torch.int64, device=device)
-
-    # Accept tests for every draft position at once.
-    num_draft_total = draft_token_ids.shape[0]
-    draft_row_seq = torch.repeat_interleave(torch.arange(num_seqs, device=device), torch.tensor(num_draft, device=device))
-    target_rows_of_draft = torch.arange(num_draft_total, device=device) + draft_row_seq
-    p_rows = target_probs[target_rows_of_draft]
-    p_of_draft = p_rows.gather(1, draft_token_ids[:, None]).squeeze(1)
-    q_of_draft = (q_probs * (q_token_ids == draft_token_ids[:, None])).sum(dim=1)
-    accepted = accept_uniforms * q_of_draft < p_of_draft
-
-    cu = cu_num_draft.tolist()
-    for b in range(num_seqs):
-        k = num_draft[b]
-        seq_accepted = accepted[cu[b] : cu[b + 1]]
-        rejected_at = torch.nonzero(~seq_accepted)
-        n_acc = int(rejected_at[0, 0]) if rejected_at.numel() else k
-        num_accepted[b] = n_acc
-        output[b, :n_acc] = draft_token_ids[cu[b] : cu[b] + n_acc]
-        target_row = cu[b] + b + n_acc
-        p = target_probs[target_row]
-        if n_acc < k:
-            # Recovered token from the residual max(p - q, 0) at the rejected position.
-            q_dense = torch.zeros_like(p)
-            q_dense.scatter_add_(0, q_token_ids[cu[b] + n_acc], q_probs[cu[b] + n_acc])
-            residual = (p - q_dense).clamp(min=0)
-            # A rejection is possible only where p < q somewhere, so the residual has mass; guard float round-off.
-            p = residual if float(residual.sum()) > 0 else p
-        output[b, n_acc] = sample_from_probs_torch(p[None], sample_uniforms[target_row : target_row + 1])[0]
+    seqs = torch.arange(num_seqs, device=device)
+    positions = torch.arange(width, device=device)
+    if max_k:
+        # Accept tests for every draft position at once; padding positions count as rejected.
+        p_of_draft = target_probs[:, :max_k].gather(2, draft_token_ids[..., None]).squeeze(-1)
+        q_of_draft = (q_probs * (q_token_ids == draft_token_ids[..., None])).sum(-1)
+        accepted = (accept_uniforms * q_of_draft < p_of_draft) & (positions[None, :max_k] < num_draft[:, None])
+        num_accepted = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
+    else:
+        num_accepted = torch.zeros(num_seqs, dtype=torch.int64, device=device)
+    p = target_probs[seqs, num_accepted]  # [num_seqs, vocab]: the row that decides the emitted token
+    if max_k:
+        # Recovered token from the residual max(p - q, 0) at the rejected position.
+        recover = num_accepted < num_draft
+        at = num_accepted.clamp(max=max_k - 1)
+        q_dense = torch.zeros_like(p).scatter_add_(1, q_token_ids[seqs, at], q_probs[seqs, at] * recover[:, None])
+        residual = (p - q_dense).clamp(min=0)
+        # A rejection is possible only where p < q somewhere, so the residual has mass; guard float round-off.
+        use_residual = recover & (residual.sum(dim=1) > 0)
+        p = torch.where(use_residual[:, None], residual, p)
+    emitted = sample_from_probs_torch(p, sample_uniforms[seqs, num_accepted])
+    output = torch.full((num_seqs, width), -1, dtype=torch.int64, device=device)
+    if max_k:
+        output[:, :max_k] = torch.where(positions[None, :max_k] < num_accepted[:, None], draft_token_ids, -1)
+    output.scatter_(1, num_accepted[:, None], emitted[:, None])
     return output, num_accepted

@@ -2,7 +2,8 @@
 
 Same terms, shapes and outputs as the reference (see kernels/rejection_sampling.py): accepted tokens, then one
 recovered token (sampled from norm(max(p - q, 0)) at the first rejection) or one bonus token (sampled from p after
-the last draft position). One program per sequence, one launch for the batch, no host sync per sequence.
+the last draft position). One program per sequence, one launch for the batch, no host sync at all (shapes are fixed
+by the padded layout, so the launch can be captured in a CUDA graph).
 
 Inverse-CDF sampling over the vocabulary, as the reference does it: the first index whose cumulative mass reaches
 u * total, with the mass accumulated in float64. Two streaming passes over the row, in BLOCK_V blocks:
@@ -100,22 +101,24 @@ def _sample_row(
     return tl.where(index < not_found, index, fallback)
 
 
-@triton.jit(do_not_specialize=["vocab", "num_support", "stride_p", "stride_q", "stride_out"])
+@triton.jit(do_not_specialize=["vocab", "num_support", "stride_p", "stride_q", "stride_out", "max_k"])
 def _rejection_sample_kernel(
-    target_probs_ptr, draft_ids_ptr, q_ids_ptr, q_probs_ptr, cu_num_draft_ptr, accept_u_ptr, sample_u_ptr,
+    target_probs_ptr, draft_ids_ptr, q_ids_ptr, q_probs_ptr, num_draft_ptr, accept_u_ptr, sample_u_ptr,
     out_ptr, num_accepted_ptr,
-    vocab, num_support, stride_p, stride_q, stride_out, out_width,
+    vocab, num_support, stride_p, stride_q, stride_out, out_width, max_k,
     OUT_PAD: tl.constexpr, K_PAD: tl.constexpr, BLOCK_V: tl.constexpr, SUB_V: tl.constexpr,
 ):
     seq = tl.program_id(0)
-    d_begin = tl.load(cu_num_draft_ptr + seq)
-    num_draft = (tl.load(cu_num_draft_ptr + seq + 1) - d_begin).to(tl.int32)
+    # Padded layout: sequence b owns draft rows b*max_k + j and target rows b*(max_k+1) + j.
+    d_begin = seq * max_k
+    t_begin = seq * (max_k + 1)
+    num_draft = tl.load(num_draft_ptr + seq).to(tl.int32)
 
     # Accept tests for all draft positions at once: u * q(d) < p(d).
     pos = tl.arange(0, OUT_PAD)
     pos_valid = pos < num_draft
     draft_rows = d_begin + pos
-    target_rows = draft_rows + seq
+    target_rows = t_begin + pos
     draft = tl.load(draft_ids_ptr + draft_rows, mask=pos_valid, other=0)
     p_of_draft = tl.load(target_probs_ptr + target_rows * stride_p + draft, mask=pos_valid, other=0.0)
     ks = tl.arange(0, K_PAD)
@@ -129,7 +132,7 @@ def _rejection_sample_kernel(
     num_acc = tl.min(tl.where(rejected, pos, num_draft), axis=0)
 
     # The row to sample from, and q's support there if a draft token was rejected (else no support: bonus token).
-    row = d_begin + seq + num_acc
+    row = t_begin + num_acc
     p_row_ptr = target_probs_ptr + row.to(tl.int64) * stride_p
     # (Vector compare, not a broadcast scalar one: the CPU interpreter keeps scalar comparisons as int32.)
     recover = (tl.zeros([K_PAD], dtype=tl.int32) + num_acc) < num_draft
@@ -198,39 +201,37 @@ def rejection_sample_triton(
     draft_token_ids: torch.Tensor,
     q_token_ids: torch.Tensor,
     q_probs: torch.Tensor,
-    cu_num_draft: torch.Tensor,
+    num_draft: torch.Tensor,
     accept_uniforms: torch.Tensor,
     sample_uniforms: torch.Tensor,
     *,
-    max_num_draft: int | None = None,
     block_v: int | None = None,
     out: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as `rejection_sample_torch`. The output width needs max_k on the host: pass `max_num_draft`
-    when the caller knows it, or it is read from `cu_num_draft` (one device sync for the batch). `block_v` (tests)
-    sets the vocabulary block; `out` = (output, num_accepted) are written instead of new tensors."""
-    num_seqs = cu_num_draft.shape[0] - 1
-    if max_num_draft is None:
-        max_num_draft = int((cu_num_draft[1:] - cu_num_draft[:-1]).max()) if num_seqs else 0
+    """Same contract as `rejection_sample_torch` (padded layout). `block_v` (tests) sets the vocabulary block;
+    `out` = (output, num_accepted) are written instead of new tensors."""
+    num_seqs, width, vocab = target_probs.shape
+    max_k = width - 1
     device = target_probs.device
     if out is None:
-        output = torch.empty((num_seqs, max_num_draft + 1), dtype=torch.int64, device=device)
+        output = torch.empty((num_seqs, width), dtype=torch.int64, device=device)
         num_accepted = torch.empty(num_seqs, dtype=torch.int64, device=device)
     else:
         output, num_accepted = out
     if num_seqs == 0:
         return output, num_accepted
+    target_probs = target_probs.reshape(num_seqs * width, vocab)
     target_probs = target_probs if target_probs.stride(-1) == 1 else target_probs.contiguous()
-    q_token_ids, q_probs = q_token_ids.contiguous(), q_probs.to(torch.float32).contiguous()
-    vocab = target_probs.shape[1]
-    num_support = q_token_ids.shape[1] if q_token_ids.dim() == 2 else 1
+    num_support = q_token_ids.shape[-1] if max_k else 1
+    q_token_ids = q_token_ids.reshape(num_seqs * max_k, num_support).contiguous()
+    q_probs = q_probs.reshape(num_seqs * max_k, num_support).to(torch.float32).contiguous()
     block_v, sub_v = _vocab_blocks(vocab, block_v)
     _rejection_sample_kernel[(num_seqs,)](
-        target_probs, draft_token_ids.contiguous(), q_token_ids, q_probs, cu_num_draft.contiguous(),
-        accept_uniforms.to(torch.float32).contiguous(), sample_uniforms.to(torch.float32).contiguous(),
+        target_probs, draft_token_ids.reshape(-1).contiguous(), q_token_ids, q_probs, num_draft.contiguous(),
+        accept_uniforms.reshape(-1).to(torch.float32).contiguous(), sample_uniforms.reshape(-1).to(torch.float32).contiguous(),
         output, num_accepted,
-        vocab, num_support, target_probs.stride(0), max(num_support, 1), output.stride(0), max_num_draft + 1,
-        OUT_PAD=triton.next_power_of_2(max_num_draft + 1), K_PAD=triton.next_power_of_2(max(num_support, 1)),
+        vocab, num_support, target_probs.stride(0), max(num_support, 1), output.stride(0), width, max_k,
+        OUT_PAD=triton.next_power_of_2(width), K_PAD=triton.next_power_of_2(max(num_support, 1)),
         BLOCK_V=block_v, SUB_V=sub_v, num_warps=8,
     )
     return output, num_accepted

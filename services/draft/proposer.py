@@ -5,21 +5,24 @@ committed tokens it has not seen (normally 1 token; 2 for a bonus-token sequence
 then `k` autoregressive steps without returning to the caller. Step s samples proposal d_s from q_s, the top-K
 truncation of the request's processed distribution, with the counter-based uniform of d_s's absolute position.
 The last proposal's KV is never computed: if it is accepted the coordinator sends it back in the next delta.
+
+`propose` reads top to bottom: check and rewind each sequence, reserve the KV the whole call will write, gather
+the batch's fields, run the step program (draft_steps.py: one graph replay on a GPU), unpack one result per
+sequence. A catch-up longer than a graph takes runs eagerly first, all but its last MAX_CATCH_UP tokens.
 """
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from specsplit.kernels.counter_rng import STREAM_DRAFT
-from specsplit.kernels.dispatch import counter_uniform
-from specsplit.services.errors import InvalidArgument
+from specsplit.services.draft.draft_steps import DraftShape, DraftSteps
+from specsplit.services.errors import InvalidArgument, KVCacheFull
 from specsplit.services.runtime.model_runner import ForwardItem, ModelRunner
-from specsplit.services.runtime.worker_sequences import WorkerSampling, WorkerSequences
-from specsplit.services.runtime.host_transfer import to_device, to_host
-from specsplit.services.sampling.batch_sampling import sampling_flags, sampling_tensors
-from specsplit.services.sampling.draft_distribution import sample_sparse, sparse_draft_distribution
-from specsplit.services.sampling.logits_processing import processed_probs
+from specsplit.services.runtime.worker_sequences import WorkerSampling, WorkerSequence, WorkerSequences
+from specsplit.services.sampling.batch_sampling import sampling_flags, sampling_fields
+
+MAX_CATCH_UP = 4  # catch-up tokens a step program takes per sequence; longer deltas run their head eagerly first
 
 
 @dataclass
@@ -74,7 +77,7 @@ class DraftProposer:
 
     def propose(self, items: list[ProposeItem]) -> list[Proposal | Exception]:
         results: list[Proposal | Exception] = [None] * len(items)
-        forward: list[tuple[int, ForwardItem]] = []
+        batch: list[tuple[int, WorkerSequence, int, list[int]]] = []  # (item index, sequence, k, delta)
         for i, item in enumerate(items):
             try:
                 if not 0 <= item.k <= self.max_speculative_tokens:
@@ -83,64 +86,69 @@ class DraftProposer:
                     raise InvalidArgument("delta must hold at least the last committed token")
                 sequence = self.sequences.get(item.handle)
                 self.sequences.rewind(sequence, item.cached_len)
-                forward.append((i, ForwardItem(sequence.table, list(item.delta), 1 if item.k > 0 else 0)))
-            except Exception as error:
+                k = self._reserve(sequence, len(item.delta), item.k)
+                batch.append((i, sequence, k, list(item.delta)))
+            except Exception as error:  # per-item failure; the rest of the batch goes on
                 results[i] = error
-        logits = self._reserve_and_run(forward, results, items)
+        self._catch_up_long_deltas(batch)
+        if not batch:
+            return results
 
-        # Each step samples on the device and feeds its samples straight into the next forward; tokens and q come
-        # back to the host once, after the last step (no wait inside the k-step loop).
-        live = [(i, fi) for i, fi in forward if results[i] is None]
-        stepping = [i for i, _ in live if items[i].k > 0]
-        rows = torch.cat([logits[i][-1:] for i in stepping]) if stepping else None  # one row per stepping sequence
-        steps = []  # per step: (sequence indices, sampled [n], support ids [n, K], support probs [n, K])
-        while stepping:
-            sequences = [self.sequences.get(items[i].handle) for i in stepping]
-            params = [s.sampling for s in sequences]
-            temperature, top_k, top_p, seeds = sampling_tensors(params, rows.device)
-            probs = processed_probs(rows, temperature, top_k, top_p, sampling_flags(params, self.runner.vocab_size))
-            support_ids, support_probs = sparse_draft_distribution(probs, self.support_size)
-            positions = to_device([s.table.num_tokens for s in sequences], torch.int64, rows.device)
-            sampled = sample_sparse(support_ids, support_probs, counter_uniform(seeds, positions, STREAM_DRAFT))
-            steps.append((stepping, sampled, support_ids, support_probs))
-            step = len(steps)
-            next_rows, next_forward = [], []
-            for row, (i, sequence) in enumerate(zip(stepping, sequences)):
-                if step < items[i].k:
-                    next_rows.append(row)
-                    next_forward.append((i, ForwardItem(sequence.table, [0], 1)))  # the token comes from `sampled`
-            stepping = []
-            if next_forward:
-                errors = self.runner.reserve([fi for _, fi in next_forward])
-                # A sequence that runs out of KV mid-way simply proposes fewer tokens.
-                runnable = [(row, i, fi) for row, (i, fi), err in zip(next_rows, next_forward, errors) if err is None]
-                if runnable:
-                    picked = [row for row, _, _ in runnable]
-                    feed = sampled if picked == list(range(len(sampled))) else sampled[to_device(picked, torch.int64, rows.device)]
-                    rows = self.runner.forward_flat([fi for _, _, fi in runnable], input_ids=feed)
-                    stepping = [i for _, i, _ in runnable]
+        steps = max(max(k for _, _, k, _ in batch), 1)
+        greedy = all(sequence.sampling.greedy for _, sequence, _, _ in batch)
+        support = 1 if greedy else min(self.support_size, self.runner.vocab_size)
+        catch_up = max(len(delta) for _, _, _, delta in batch)
+        starts = np.array([sequence.table.num_tokens - len(delta) - max(k - 1, 0) for _, sequence, k, delta in batch])
+        deltas = np.zeros((len(batch), catch_up), dtype=np.int64)
+        for b, (_, _, _, delta) in enumerate(batch):
+            deltas[b, : len(delta)] = delta
+        params = [sequence.sampling for _, sequence, _, _ in batch]
+        shape = DraftShape(catch_up, steps, support, sampling_flags(params, self.runner.vocab_size),
+                           self.runner.context_bound(int(starts.max()) + catch_up + steps))
+        packed = self.runner.run_step(DraftSteps, shape, {
+            "start": starts, "n_delta": [len(delta) for _, _, _, delta in batch], "delta": deltas,
+            "k": [k for _, _, k, _ in batch], **sampling_fields(params),
+        }, [sequence.table for _, sequence, _, _ in batch])
 
-        tokens = {i: [] for i, _ in live}
-        q_ids = {i: [] for i, _ in live}
-        q_probs = {i: [] for i, _ in live}
-        # Greedy sequences send q as the one-hot it is: one support entry.
-        support = {i: 1 if self.sequences.get(items[i].handle).sampling.greedy else self.support_size for i, _ in live}
-        host = to_host(*(t for step in steps for t in step[1:]))
-        for s, (indices, _, _, _) in enumerate(steps):
-            sampled, support_ids, support_probs = host[3 * s : 3 * s + 3]
-            for row, (i, token) in enumerate(zip(indices, sampled.tolist())):
-                tokens[i].append(token)
-                q_ids[i].append(support_ids[row, : support[i]])
-                q_probs[i].append(support_probs[row, : support[i]])
-        for i, fi in live:
-            k_done = len(tokens[i])
+        out = packed.reshape(-1, steps, 1 + 2 * support)
+        for b, (i, sequence, k, _) in enumerate(batch):
+            # Greedy sequences send q as the one-hot it is: one support entry.
+            width = 1 if sequence.sampling.greedy else support
+            rows = out[b, :k]
             results[i] = Proposal(
-                token_ids=tokens[i],
-                q_token_ids=torch.stack(q_ids[i]) if k_done else torch.empty(0, 1, dtype=torch.int64),
-                q_probs=torch.stack(q_probs[i]) if k_done else torch.empty(0, 1),
-                num_cached=fi.table.num_tokens,
+                token_ids=rows[:, 0].tolist(),
+                q_token_ids=torch.from_numpy(rows[:, 1 : 1 + width].astype(np.int64)),
+                q_probs=torch.from_numpy(rows[:, 1 + support : 1 + support + width].view(np.float32).copy()),
+                num_cached=sequence.table.num_tokens,
             )
         return results
+
+    def _reserve(self, sequence: WorkerSequence, delta: int, k: int) -> int:
+        """Claim KV for the call: the delta and every proposal but the last. A sequence whose KV runs out proposes
+        one token (which needs no KV of its own) rather than none. Returns the k it will propose."""
+        try:
+            self.runner.reserve_tokens(sequence.table, delta + max(k - 1, 0))
+            return k
+        except KVCacheFull:
+            if k <= 1:
+                raise
+        self.runner.reserve_tokens(sequence.table, delta)
+        return 1
+
+    def _catch_up_long_deltas(self, batch) -> None:
+        """Deltas longer than a step program takes (after target-only rounds): run all but their last
+        MAX_CATCH_UP tokens now, as one eager forward."""
+        long = [b for b, (_, _, _, delta) in enumerate(batch) if len(delta) > MAX_CATCH_UP]
+        if not long:
+            return
+        heads = []
+        for b in long:
+            i, sequence, k, delta = batch[b]
+            head, batch[b] = delta[:-MAX_CATCH_UP], (i, sequence, k, delta[-MAX_CATCH_UP:])
+            # The head's slots are the first of those reserved for the call: a table view that ends after them.
+            start = sequence.table.num_tokens - len(delta) - max(k - 1, 0)
+            heads.append(ForwardItem(_TableView(sequence.table, start + len(head)), head, 0))
+        self.runner.forward_flat(heads)
 
     def release(self, handles: list[str]) -> int:
         return sum(self.sequences.release(h) for h in handles)
@@ -155,3 +163,12 @@ class DraftProposer:
                 runnable.append((i, fi))
         out = self.runner.forward([fi for _, fi in runnable]) if runnable else []
         return {i: rows for (i, _), rows in zip(runnable, out)}
+
+
+class _TableView:
+    """A block table seen as if it held only its first `num_tokens` tokens (for a forward of a prefix of the
+    tokens reserved in it)."""
+
+    def __init__(self, table, num_tokens: int):
+        self.block_ids = table.block_ids
+        self.num_tokens = num_tokens

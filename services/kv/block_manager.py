@@ -18,10 +18,14 @@ from specsplit.services.kv.prefix_cache import PrefixCache, block_keys
 
 @dataclass
 class BlockTable:
-    """One sequence's blocks, in order, and how many token slots of them are filled."""
+    """One sequence's blocks, in order, and how many token slots of them are filled. The runner mirrors it on the
+    device (runtime/device_block_tables.py): `device_row` is where, and entries from `first_unsynced` on may have
+    changed since the last upload (appends past it need no mark; a replaced or re-grown entry lowers it)."""
 
     block_ids: list[int] = field(default_factory=list)
     num_tokens: int = 0
+    device_row: int = -1
+    first_unsynced: int = 0
 
 
 class BlockManager:
@@ -107,6 +111,7 @@ class BlockManager:
             new = self._take()
             self._release(old)
             table.block_ids[-1] = new
+            table.first_unsynced = min(table.first_unsynced, len(table.block_ids) - 1)
             copies.append((old, new))
         while len(table.block_ids) < self.blocks_for(table.num_tokens + num_new_tokens):
             table.block_ids.append(self._take())
@@ -121,6 +126,7 @@ class BlockManager:
         for block in table.block_ids[keep:]:
             self._release(block)
         del table.block_ids[keep:]
+        table.first_unsynced = min(table.first_unsynced, keep)
         table.num_tokens = num_tokens
         if self.prefix_cache and num_tokens % self.block_size:
             last = table.block_ids[-1]

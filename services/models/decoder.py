@@ -4,13 +4,16 @@ Parameter names follow Hugging Face checkpoints (`model.layers.N.self_attn.q_pro
 name; q/k/v and gate/up are fused once at load time into single matmuls. The forward works on a flat batch of
 tokens from many sequences (no padding): the attention metadata says which tokens belong to which sequence and
 where their KV lives.
+
+A layer is four matmuls and four fused steps (kernels/dispatch.py: Triton on a GPU, the torch references on the
+CPU): add + RMSNorm, rotary + KV write, paged attention, SiLU * up. The residual stream travels beside the normed
+activations so each residual add happens inside the next norm; the arithmetic is transformers' own, op for op.
 """
 
 import torch
 from torch import nn
-import torch.nn.functional as F
 
-from specsplit.kernels.dispatch import paged_attention, write_kv
+from specsplit.kernels.dispatch import add_rms_norm, paged_attention, rotary_kv, silu_mul
 from specsplit.services.models.config import DecoderConfig
 from specsplit.services.models.rotary import RotaryEmbedding
 from specsplit.services.runtime.attention_metadata import AttentionMetadata
@@ -22,12 +25,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Same op order as transformers (normalise in fp32, cast back, then scale) so outputs match it exactly.
-        dtype = x.dtype
-        x32 = x.to(torch.float32)
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual): the residual add of the previous sub-layer, fused in."""
+        return add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -44,14 +44,9 @@ class Attention(nn.Module):
         self.scale = config.head_dim**-0.5
 
     def forward(self, hidden, positions, rotary: RotaryEmbedding, meta: AttentionMetadata, kv_cache):
-        qkv = self.qkv_proj(hidden)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k)
         key_cache, value_cache = kv_cache
-        write_kv(k, v, key_cache, value_cache, meta.slot_mapping)
+        q = rotary_kv(self.qkv_proj(hidden), positions, rotary.cos_sin, key_cache, value_cache, meta.slot_mapping,
+                      self.num_heads, self.num_kv_heads, self.head_dim)
         out = paged_attention(
             q, key_cache, value_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
             self.scale, meta.max_query_len, meta.max_seq_len,
@@ -67,8 +62,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -79,9 +73,12 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, hidden, positions, rotary, meta, kv_cache):
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), positions, rotary, meta, kv_cache)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+    def forward(self, hidden, residual, positions, rotary, meta, kv_cache):
+        """hidden: the previous layer's MLP output (the embeddings, with residual None, for the first layer).
+        Returns this layer's MLP output and the residual stream before it is added."""
+        x, residual = self.input_layernorm(hidden, residual)
+        x, residual = self.post_attention_layernorm(self.self_attn(x, positions, rotary, meta, kv_cache), residual)
+        return self.mlp(x), residual
 
 
 class DecoderModel(nn.Module):
@@ -106,10 +103,10 @@ class CausalDecoder(nn.Module):
 
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_caches) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden]."""
-        hidden = self.model.embed_tokens(input_ids)
+        hidden, residual = self.model.embed_tokens(input_ids), None
         for layer, kv_cache in zip(self.model.layers, kv_caches):
-            hidden = layer(hidden, positions, self.rotary, meta, kv_cache)
-        return self.model.norm(hidden)
+            hidden, residual = layer(hidden, residual, positions, self.rotary, meta, kv_cache)
+        return self.model.norm(hidden, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Only the rows that need a distribution are projected to the vocabulary (float32 logits)."""

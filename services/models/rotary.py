@@ -1,12 +1,18 @@
 """Rotary position embedding with the scaling the config asks for (linear, dynamic, yarn, llama3, longrope, ...).
 
 The inverse frequencies come from transformers' own rope initialisers so every rope variant it knows is computed
-the same way here; cos/sin are then applied to flat [tokens, heads, head_dim] tensors at arbitrary positions.
+the same way here. cos/sin of every position the model serves are tabled once (`cos_sin`, float32, built on the
+CPU exactly as transformers computes them per call); the attention's fused rotary + KV-write kernel reads them.
 """
 
 import torch
 from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from specsplit.kernels.rotary_kv import rotary_table
+
+# Positions past the served context that padding rows of a captured batch may carry (see runtime/cuda_graphs.py).
+PADDING_POSITIONS = 64
 
 
 def _default_inv_freq(hf_config, head_dim: int) -> tuple[torch.Tensor, float]:
@@ -20,9 +26,13 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         params = getattr(hf_config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0}
         rope_type = params.get("rope_type", "default")
+        positions = int(getattr(hf_config, "max_position_embeddings", 0) or 4096) + PADDING_POSITIONS
         with torch.device("cpu"):  # frequencies are real numbers even when the model is built on the meta device
             inv_freq, scaling = self._inverse_frequencies(hf_config, head_dim, rope_type)
-        self.register_buffer("inv_freq", inv_freq.to(torch.float32), persistent=False)
+            inv_freq = inv_freq.to(torch.float32)
+            cos_sin = rotary_table(inv_freq, float(scaling), positions)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("cos_sin", cos_sin, persistent=False)
         self.attention_scaling = float(scaling)
 
     @staticmethod
@@ -35,17 +45,3 @@ class RotaryEmbedding(nn.Module):
         else:
             inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, "cpu")
         return inv_freq, scaling
-
-    def forward(self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor):
-        """positions [T]; query [T, H, D]; key [T, KVH, D] -> rotated (query, key), same dtypes."""
-        freqs = positions[:, None].to(torch.float32) * self.inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.attention_scaling)[:, None, :]
-        sin = (emb.sin() * self.attention_scaling)[:, None, :]
-        return _rotate(query, cos, sin), _rotate(key, cos, sin)
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return (x * cos.to(x.dtype) + rotated_half * sin.to(x.dtype)).to(x.dtype)

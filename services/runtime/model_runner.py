@@ -1,14 +1,19 @@
-"""A model plus its paged KV cache: runs one batched forward over many sequences' new tokens.
+"""A model plus its paged KV cache, run two ways.
 
-Each `ForwardItem` names a sequence's block table (what is already cached), the tokens to add, and how many of the
-last positions need logits (1 for a draft step, k+1 for verification, 0 for a draft prefill). Long inputs are split
-into chunks of at most `max_batch_tokens` so a long prompt never needs one giant activation.
+- `run_step`: the rounds' calls (the draft's k steps, the target's verification). A step program sees a batch of
+  sequences with the same number of tokens each (padded), built from one packed input buffer and the device
+  mirror of the block tables, and returns one packed result; on a GPU it is one CUDA-graph replay
+  (runtime/cuda_graphs.py), elsewhere the same program runs eagerly. Its forward is `forward_rows`.
+- `forward` / `forward_flat`: prefills and other ragged work. Each `ForwardItem` names a sequence's block table
+  (what is already cached), the tokens to add, and how many of the last positions need logits. Long inputs are split
+  into chunks of at most `max_batch_tokens` so a long prompt never needs one giant activation.
 """
 
 import os
 from dataclasses import dataclass
 from itertools import accumulate
 
+import numpy as np
 import torch
 
 from specsplit.services.errors import KVCacheFull
@@ -17,7 +22,9 @@ from specsplit.services.kv.paged_cache import PagedKVCache
 from specsplit.services.models.loader import LoadedModel
 from specsplit.kernels.dispatch import use_triton
 from specsplit.services.runtime.attention_metadata import AttentionMetadata, slots_for
-from specsplit.services.runtime.cuda_graphs import GraphedForward
+from specsplit.services.models.rotary import PADDING_POSITIONS
+from specsplit.services.runtime.cuda_graphs import GraphCache, bucket_for
+from specsplit.services.runtime.device_block_tables import DeviceBlockTables
 from specsplit.services.runtime.host_transfer import to_device
 
 CUDA_GRAPHS_ENV = "SPECSPLIT_CUDA_GRAPHS"  # "0" turns them off (benchmarks compare both)
@@ -41,7 +48,7 @@ class ModelRunner:
         cuda_graphs: bool | None = None,
         prefix_caching: bool = True,
     ):
-        """`cuda_graphs`: replay captured graphs for uniform batches (runtime/cuda_graphs.py); None = on a CUDA
+        """`cuda_graphs`: replay captured graphs of the step programs (runtime/cuda_graphs.py); None = on a CUDA
         device with the Triton kernels unless SPECSPLIT_CUDA_GRAPHS=0. `prefix_caching`: prompts reuse the KV of
         earlier prompts' identical leading blocks (kv/prefix_cache.py)."""
         self.loaded = loaded
@@ -54,14 +61,16 @@ class ModelRunner:
         if cuda_graphs is None:
             cuda_graphs = param.is_cuda and use_triton(param) and os.environ.get(CUDA_GRAPHS_ENV, "1") != "0"
         self.block_manager = BlockManager(num_blocks, block_size, prefix_caching=prefix_caching)
-        # With graphs, one more block past the managed ones: where padding rows of a graph batch write their KV.
-        self.cache = PagedKVCache(self.config, num_blocks + (1 if cuda_graphs else 0), block_size, self.dtype, self.device)
+        # One more block past the managed ones: where padding tokens of a step write their KV (never read for real).
+        self.scratch_block = num_blocks
+        self.cache = PagedKVCache(self.config, num_blocks + 1, block_size, self.dtype, self.device)
         self.block_size = block_size
         self.max_batch_tokens = max_batch_tokens
         self.max_model_len = min(self.config.max_model_len, num_blocks * block_size)
-        self.graphs = None
-        if cuda_graphs:
-            self.graphs = GraphedForward(self.model, self.cache.layers, block_size, num_blocks, self.max_model_len)
+        self.graphs = GraphCache(self.device) if cuda_graphs else None
+        max_blocks = -(-(self.max_model_len + PADDING_POSITIONS) // block_size)
+        self.block_tables = DeviceBlockTables(max_blocks, self.scratch_block, self.device,
+                                              on_grow=self.graphs.clear if self.graphs else None)
 
     @property
     def vocab_size(self) -> int:
@@ -72,36 +81,24 @@ class ModelRunner:
         errors: list[Exception | None] = []
         for item in items:
             try:
-                copies = self.block_manager.append(item.table, len(item.token_ids))
-                self.cache.copy_blocks(copies)
+                self.reserve_tokens(item.table, len(item.token_ids))
                 errors.append(None)
             except KVCacheFull as error:
                 errors.append(error)
         return errors
+
+    def reserve_tokens(self, table: BlockTable, count: int) -> None:
+        """Claim KV slots for `count` more tokens of one sequence (copying a shared last block first); raises
+        KVCacheFull and changes nothing if they do not fit."""
+        self.cache.copy_blocks(self.block_manager.append(table, count))
 
     def forward(self, items: list[ForwardItem]) -> list[torch.Tensor]:
         """Run items whose slots are already reserved. Returns each item's logits [num_logits, vocab] (float32)."""
         return list(self.forward_flat(items).split([item.num_logits for item in items]))
 
     @torch.inference_mode()
-    def forward_flat(self, items: list[ForwardItem], input_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Like `forward`, but all items' logits rows in one [sum(num_logits), vocab] tensor, in item order.
-        `input_ids`: the items' tokens as one tensor already on the device (e.g. the draft's last samples), used
-        instead of `item.token_ids`, which then only give the counts — the tokens never visit the host."""
-        q = self.graphs.query_len(items, input_ids) if self.graphs is not None else None
-        if q is not None:
-            hidden = self.graphs.run(items, q, input_ids)  # q rows per item, its own tokens first
-            keep = [b * q + j for b, item in enumerate(items)
-                    for j in range(len(item.token_ids) - item.num_logits, len(item.token_ids))]
-            if not keep:
-                return torch.empty(0, self.vocab_size, device=self.device)
-            if len(keep) < len(hidden):
-                hidden = hidden[to_device(keep, torch.int64, self.device)]
-            return self.model.compute_logits(hidden)
-        if input_ids is not None:
-            offsets = [0, *accumulate(len(item.token_ids) for item in items)]
-            items = [ForwardItem(item.table, input_ids[lo:hi], item.num_logits)
-                     for item, lo, hi in zip(items, offsets, offsets[1:])]
+    def forward_flat(self, items: list[ForwardItem]) -> torch.Tensor:
+        """Like `forward`, but all items' logits rows in one [sum(num_logits), vocab] tensor, in item order."""
         # Where each item's new tokens start inside its (already extended) table.
         starts = [item.table.num_tokens - len(item.token_ids) for item in items]
         done = [0] * len(items)
@@ -128,6 +125,56 @@ class ModelRunner:
             return torch.empty(0, self.vocab_size, device=self.device)
         return self.model.compute_logits(torch.cat(rows) if len(rows) > 1 else rows[0])
 
+    def run_step(self, program, shape, values: dict, tables: list[BlockTable]) -> np.ndarray:
+        """Run a step program over the sequences of `tables`: `values` are its per-sequence input fields (numpy,
+        one row per table); returns its packed result (numpy, one row per padded sequence, the real ones first).
+        On a GPU with graphs: one upload, one replay, one copy back."""
+        rows = self.block_tables.rows(tables)
+        bucket = bucket_for(len(tables)) if self.graphs is not None else None
+        layout = program.layout(shape, bucket or len(tables))
+        host = layout.pack({**values, "row": rows}, np.empty(layout.size, dtype=np.int64))
+        if bucket is not None:
+            host[layout.offsets["row"] + len(tables) : layout.offsets["row"] + bucket] = self.block_tables.padding_row
+            key = (program.name, shape, bucket)
+            return self.graphs.run(key, lambda inputs: program.run(self, shape, layout.unpack(inputs)), host)
+        with torch.inference_mode():
+            inputs = torch.from_numpy(host).to(self.device)
+            return program.run(self, shape, layout.unpack(inputs)).cpu().numpy()
+
+    def forward_rows(self, tokens: torch.Tensor, start: torch.Tensor, write: torch.Tensor, tables: torch.Tensor,
+                     max_context: int) -> torch.Tensor:
+        """The forward of a step program: sequence b adds tokens[b] ([num_seqs, q] int64, padded) at positions
+        start[b], start[b] + 1, ...; only tokens with write[b, j] keep their KV (the rest go to the scratch block);
+        tables [num_seqs, width] int32 cover every position read. No host reads: graph-safe.
+        Returns final hidden states [num_seqs * q, hidden]."""
+        num_seqs, q = tokens.shape
+        offsets = torch.arange(q, device=tokens.device)
+        positions = start[:, None] + offsets[None, :]
+        blocks = tables.gather(1, (positions // self.block_size).clamp(max=tables.shape[1] - 1)).to(torch.int64)
+        scratch = self.scratch_block * self.block_size + offsets % self.block_size
+        slots = torch.where(write, blocks * self.block_size + positions % self.block_size, scratch[None, :])
+        meta = AttentionMetadata(
+            slot_mapping=slots.reshape(-1),
+            block_tables=tables,
+            seq_lens=(start + q).to(torch.int32),
+            query_start_loc=torch.arange(0, (num_seqs + 1) * q, q, dtype=torch.int32, device=tokens.device),
+            max_query_len=q,
+            max_seq_len=max_context,
+        )
+        return self.model(tokens.reshape(-1), positions.reshape(-1), meta, self.cache.layers)
+
+    def context_bound(self, longest: int) -> int:
+        """The context length a step's attention is sized for: with graphs a power of two (one graph serves every
+        length up to it, and short contexts get a kernel without split-KV overhead), else the exact length."""
+        if self.graphs is None:
+            return longest
+        return min(max(256, 1 << (longest - 1).bit_length()), self.max_model_len + PADDING_POSITIONS)
+
+    def release(self, table: BlockTable) -> None:
+        """A sequence is gone: free its KV blocks and its row of the device block tables."""
+        self.block_manager.free(table)
+        self.block_tables.release(table)
+
     def _forward_chunk(self, items, starts, chunk) -> list[torch.Tensor | None]:
         token_ids, positions, slots, seq_lens, query_lens, tables = [], [], [], [], [], []
         for i, offset, take in chunk:
@@ -151,10 +198,7 @@ class ModelRunner:
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
         )
-        if isinstance(token_ids[0], torch.Tensor):  # ids already on the device
-            input_ids = torch.cat(token_ids) if len(token_ids) > 1 else token_ids[0]
-        else:
-            input_ids = to_device([t for part in token_ids for t in part], torch.int64, dev)
+        input_ids = to_device([t for part in token_ids for t in part], torch.int64, dev)
         hidden = self.model(
             input_ids,
             to_device(positions, torch.int64, dev),

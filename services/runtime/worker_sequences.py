@@ -97,7 +97,7 @@ class WorkerSequences:
         sequence = self._by_handle.pop(handle, None)
         if sequence is None:
             return False
-        self.runner.block_manager.free(sequence.table)
+        self.runner.release(sequence.table)
         return True
 
     def release_idle(self, max_idle_seconds: float) -> list[str]:

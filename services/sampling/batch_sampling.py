@@ -1,5 +1,6 @@
 """Per-row sampling settings gathered into tensors, so one call processes rows of many requests."""
 
+import numpy as np
 import torch
 
 from specsplit.services.runtime.host_transfer import to_device
@@ -15,6 +16,16 @@ def sampling_tensors(rows: list[WorkerSampling], device) -> tuple[torch.Tensor, 
         to_device([r.top_p for r in rows], torch.float32, device),
         to_device([r.seed for r in rows], torch.int64, device),
     )
+
+
+def sampling_fields(rows: list[WorkerSampling]) -> dict[str, np.ndarray]:
+    """The settings as per-sequence step-program fields (runtime/step_inputs.py)."""
+    return {
+        "temperature": np.array([r.temperature for r in rows], dtype=np.float64),
+        "top_k": np.array([r.top_k for r in rows], dtype=np.int64),
+        "top_p": np.array([r.top_p for r in rows], dtype=np.float64),
+        "seed": np.array([r.seed for r in rows], dtype=np.int64),
+    }
 
 
 def sampling_flags(rows: list[WorkerSampling], vocab_size: int) -> SamplingFlags:

@@ -9,13 +9,14 @@ result measured with it must be labelled synthetic.
 Per proposal d_i the coin is a counter-based uniform of (request seed, absolute position, its own stream): accepted
 iff u < alpha. The first rejected position (or the position after the last proposal) then emits a real sample of
 the target's distribution p there, so emitted tokens are still the target's samples, only the accept decision is
-synthetic. Everything runs as batched tensor ops, with no per-sequence host loop.
+synthetic. Everything runs as batched tensor ops, with no host reads, inside the verification's graph.
 """
 
 import logging
 
 import torch
 
+from specsplit.kernels.counter_rng import STREAM_SAMPLE
 from specsplit.kernels.dispatch import counter_uniform, sample_from_probs
 
 STREAM_SYNTHETIC = 3  # the counter RNG's fourth stream (draft=0, accept=1, sample=2)
@@ -39,36 +40,36 @@ def warn_enabled(alpha: float, where: str) -> None:
 
 def synthetic_accept(
     alpha: float,
-    target_probs: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    num_draft: list[int],
-    draft_seeds: torch.Tensor,
-    draft_positions: torch.Tensor,
-    sample_uniforms: torch.Tensor,
+    logits: torch.Tensor,
+    probs: torch.Tensor | None,
+    proposals: torch.Tensor,
+    num_draft: torch.Tensor,
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same inputs and outputs as the rejection sampler (see kernels/rejection_sampling.py), but with a coin.
+    """The verifier's decision with a coin (same layout as kernels/rejection_sampling.py, padded per sequence).
 
-    num_draft: per sequence, on the host. draft_seeds/draft_positions: [num_draft_total], the seed and absolute
-    position of each proposal. Returns (output_tokens [num_seqs, max_k + 1] padded with -1, num_accepted [num_seqs]).
+    logits [n, k+1, V]; probs: the processed distributions there, or None for greedy rows (emit the argmax);
+    proposals [n, k]; num_draft [n]; seeds and positions [n, k+1] (position of each target row's decision).
+    Returns (output_tokens [n, k+1] padded with -1, num_accepted [n]). No host reads: runs inside a graph.
     """
-    device = target_probs.device
-    num_seqs, max_k = len(num_draft), max(num_draft, default=0)
-    k = torch.tensor(num_draft, dtype=torch.int64).to(device, non_blocking=True)
-    # Draft rows into a [num_seqs, max_k] grid; padding counts as rejected.
-    seq_of_row = torch.repeat_interleave(torch.arange(num_seqs, device=device), k, output_size=sum(num_draft))
-    starts = torch.cumsum(k, 0) - k
-    col_of_row = torch.arange(sum(num_draft), device=device) - starts[seq_of_row]
-    coins = torch.zeros(num_seqs, max_k, dtype=torch.bool, device=device)
-    drafts = torch.full((num_seqs, max_k + 1), -1, dtype=torch.int64, device=device)
-    if sum(num_draft):
-        heads = counter_uniform(draft_seeds, draft_positions, STREAM_SYNTHETIC) < alpha
-        coins[seq_of_row, col_of_row] = heads
-        drafts[seq_of_row, col_of_row] = draft_token_ids
-    num_accepted = coins.to(torch.int64).cumprod(dim=1).sum(dim=1) if max_k else torch.zeros(num_seqs, dtype=torch.int64, device=device)
-    # The emitted token after the accepted prefix: a real sample of p at that row.
-    target_row = starts + torch.arange(num_seqs, device=device) + num_accepted
-    emitted = sample_from_probs(target_probs[target_row], sample_uniforms[target_row])
-    cols = torch.arange(max_k + 1, device=device)[None, :]
-    output = torch.where(cols < num_accepted[:, None], drafts, torch.full_like(drafts, -1))
+    num_seqs, width, _ = logits.shape
+    k = width - 1
+    device = logits.device
+    seqs = torch.arange(num_seqs, device=device)
+    columns = torch.arange(width, device=device)[None, :]
+    if k:
+        heads = counter_uniform(seeds[:, :k], positions[:, :k], STREAM_SYNTHETIC) < alpha
+        heads &= columns[:, :k] < num_draft[:, None]  # padding positions count as rejected
+        num_accepted = heads.to(torch.int64).cumprod(dim=1).sum(dim=1)
+    else:
+        num_accepted = torch.zeros(num_seqs, dtype=torch.int64, device=device)
+    # The emitted token after the accepted prefix: a real sample of p at that row (the argmax when greedy).
+    if probs is None:
+        emitted = logits[seqs, num_accepted].argmax(dim=-1)
+    else:
+        uniforms = counter_uniform(seeds[seqs, num_accepted], positions[seqs, num_accepted], STREAM_SAMPLE)
+        emitted = sample_from_probs(probs[seqs, num_accepted], uniforms)
+    output = torch.where(columns < num_accepted[:, None], torch.cat([proposals, emitted[:, None]], dim=1), -1)
     output.scatter_(1, num_accepted[:, None], emitted[:, None])
     return output, num_accepted

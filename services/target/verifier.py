@@ -5,23 +5,26 @@ last one) followed by the draft's proposals d_1..d_k, take the target's distribu
 decide d_1..d_k and the token after, and run the lossless rejection sampler with the draft's exact sparse q.
 KV of rejected proposals is dropped at once, so afterwards the KV holds every committed token but the newest.
 A prefill is the same operation with the prompt as delta and no proposals: it samples the first token.
+
+`verify` reads top to bottom: check and rewind each sequence, reserve KV for its delta and proposals, gather the
+batch's fields, run the step program (verify_steps.py: forward, decision and logprobs, one graph replay on a GPU),
+then per sequence drop the KV of rejected proposals and build its verdict from the one packed result. Prefills are
+ragged (whole prompts): an eager forward, then the same decision.
 """
 
 from dataclasses import dataclass, field
-from itertools import accumulate
 
+import numpy as np
 import torch
 
-from specsplit.kernels.counter_rng import STREAM_ACCEPT, STREAM_SAMPLE
-from specsplit.kernels.dispatch import counter_uniform, rejection_sample
 from specsplit.services.errors import InvalidArgument
 from specsplit.services.runtime.model_runner import ForwardItem, ModelRunner
-from specsplit.services.runtime.worker_sequences import WorkerSampling, WorkerSequences
-from specsplit.services.runtime.host_transfer import to_device, to_host
-from specsplit.services.sampling.batch_sampling import sampling_flags, sampling_tensors
-from specsplit.services.sampling.logits_processing import processed_probs
-from specsplit.services.sampling.logprobs import TokenLogprob, token_logprobs
-from specsplit.services.target.synthetic_acceptance import check_alpha, synthetic_accept, warn_enabled
+from specsplit.services.runtime.worker_sequences import WorkerSampling, WorkerSequence, WorkerSequences
+from specsplit.services.sampling.batch_sampling import sampling_fields, sampling_flags
+from specsplit.services.sampling.token_logprob import TokenLogprob
+from specsplit.services.sampling_params import MAX_LOGPROBS
+from specsplit.services.target.synthetic_acceptance import check_alpha, warn_enabled
+from specsplit.services.target.verify_steps import VerifyShape, VerifySteps, decide, pack_decision
 
 
 @dataclass
@@ -63,48 +66,80 @@ class TargetVerifier:
             warn_enabled(self.synthetic_acceptance, "the target verifier")
 
     def prefill(self, items: list[TargetPrefill]) -> list[Verdict | Exception]:
-        """Create sequences, run their prompts, and sample each one's first token."""
+        """Create sequences, run their prompts (an eager forward: prompts are ragged), sample each first token."""
         results: list = [None] * len(items)
-        verify_items, index = [], []
+        started: list[tuple[int, WorkerSequence, ForwardItem]] = []
         for i, item in enumerate(items):
             try:
-                _, cached = self.sequences.start(item.handle, item.sampling, item.token_ids, "target")
-                verify_items.append(VerifyItem(item.handle, cached, list(item.token_ids[cached:]), logprobs=item.logprobs))
-                index.append(i)
+                sequence, cached = self.sequences.start(item.handle, item.sampling, item.token_ids, "target")
             except Exception as error:
                 results[i] = error
-        for i, verdict in zip(index, self.verify(verify_items)):
-            results[i] = verdict
-            if isinstance(verdict, Exception):
-                self.sequences.release(items[i].handle)
-            else:
-                self.sequences.prompt_written(self.sequences.get(items[i].handle), items[i].token_ids)
+                continue
+            forward = ForwardItem(sequence.table, list(item.token_ids[cached:]), 1)
+            try:
+                self.runner.reserve_tokens(sequence.table, len(forward.token_ids))
+                started.append((i, sequence, forward))
+            except Exception as error:  # a prompt that does not fit leaves nothing behind
+                results[i] = error
+                self.sequences.release(item.handle)
+        if not started:
+            return results
+        logits = self.runner.forward_flat([forward for _, _, forward in started])[:, None]  # [n, 1, vocab]
+        sequences = [sequence for _, sequence, _ in started]
+        shape = self._shape(sequences, [items[i].logprobs for i, _, _ in started], width=1, steps=0, support=1)
+        fields = {name: torch.from_numpy(values).to(logits.device)
+                  for name, values in sampling_fields([s.sampling for s in sequences]).items()}
+        fields["temperature"], fields["top_p"] = fields["temperature"].float(), fields["top_p"].float()
+        positions = torch.tensor([s.table.num_tokens for s in sequences], device=logits.device)
+        no_proposals = torch.zeros(len(started), 0, dtype=torch.int64, device=logits.device)
+        none_drafted = torch.zeros(len(started), dtype=torch.int64, device=logits.device)
+        with torch.inference_mode():
+            decision = decide(logits, no_proposals, none_drafted, None, None, fields, positions, shape)
+            packed = pack_decision(decision, logits if shape.logprobs else None).cpu().numpy()
+        for b, (i, sequence, _) in enumerate(started):
+            results[i] = self._verdict(packed[b], sequence, sequence.table.num_tokens, 0, items[i].logprobs)
+            self.sequences.prompt_written(sequence, items[i].token_ids)
         return results
 
     def verify(self, items: list[VerifyItem]) -> list[Verdict | Exception]:
         results: list = [None] * len(items)
-        live: list[tuple[int, ForwardItem]] = []
+        batch: list[tuple[int, WorkerSequence, int]] = []  # (item index, sequence, tokens in KV before the call)
         for i, item in enumerate(items):
             try:
-                k = len(item.draft_token_ids)
-                self._check(item, k)
+                self._check(item, len(item.draft_token_ids))
                 sequence = self.sequences.get(item.handle)
                 self.sequences.rewind(sequence, item.cached_len)
-                live.append((i, ForwardItem(sequence.table, list(item.delta) + list(item.draft_token_ids), k + 1)))
+                start = sequence.table.num_tokens
+                self.runner.reserve_tokens(sequence.table, len(item.delta) + len(item.draft_token_ids))
+                batch.append((i, sequence, start))
             except Exception as error:
                 results[i] = error
-        errors = self.runner.reserve([fi for _, fi in live])
-        runnable = []
-        for (i, fi), error in zip(live, errors):
-            if error is not None:
-                results[i] = error
-            else:
-                runnable.append((i, fi))
-        if not runnable:
+        if not batch:
             return results
-        logits = self.runner.forward_flat([fi for _, fi in runnable])
-        for (i, _), verdict in zip(runnable, self._decide([items[i] for i, _ in runnable], [fi for _, fi in runnable], logits)):
-            results[i] = verdict
+
+        batch_items = [items[i] for i, _, _ in batch]
+        sequences = [sequence for _, sequence, _ in batch]
+        steps = max(len(item.draft_token_ids) for item in batch_items)
+        width = max(len(item.delta) + len(item.draft_token_ids) for item in batch_items)
+        sampled = [item for item, s in zip(batch_items, sequences) if not s.sampling.greedy and item.draft_token_ids]
+        support = max([item.q_token_ids.shape[1] for item in sampled] or [1])
+        starts = np.array([start for _, _, start in batch], dtype=np.int64)
+        shape = self._shape(sequences, [item.logprobs for item in batch_items], width, steps, support,
+                            int(starts.max()) + width)
+        tokens = np.zeros((len(batch), width), dtype=np.int64)
+        for b, item in enumerate(batch_items):
+            row = list(item.delta) + list(item.draft_token_ids)
+            tokens[b, : len(row)] = row
+        fields = {"start": starts, "n_delta": [len(item.delta) for item in batch_items], "tokens": tokens,
+                  "k": [len(item.draft_token_ids) for item in batch_items],
+                  **sampling_fields([s.sampling for s in sequences])}
+        if not shape.greedy and steps:
+            fields["q_ids"], fields["q_probs"] = _stack_q(batch_items, steps, support)
+        packed = self.runner.run_step(VerifySteps, shape, fields, [s.table for s in sequences])
+
+        for b, (i, sequence, start) in enumerate(batch):
+            item = items[i]
+            results[i] = self._verdict(packed[b], sequence, start + len(item.delta), steps, item.logprobs)
         return results
 
     def release(self, handles: list[str]) -> int:
@@ -130,67 +165,39 @@ class TargetVerifier:
         if item.cached_len + len(item.delta) + k > self.runner.max_model_len:
             raise InvalidArgument(f"sequence would exceed the target's context of {self.runner.max_model_len}")
 
-    def _decide(self, items: list[VerifyItem], forward: list[ForwardItem], all_logits: torch.Tensor) -> list[Verdict]:
-        """all_logits: [sum(k + 1), vocab], the items' rows in order. One device-to-host wait for the whole batch."""
-        device = all_logits.device
-        sequences = [self.sequences.get(item.handle) for item in items]
-        num_draft = [len(item.draft_token_ids) for item in items]
-        # Absolute position decided by each target row: committed length + row index.
-        committed_lens = [fi.table.num_tokens - k for fi, k in zip(forward, num_draft)]
-        row_params = [s.sampling for s, k in zip(sequences, num_draft) for _ in range(k + 1)]
-        temperature, top_k, top_p, seeds = sampling_tensors(row_params, device)
-        probs = processed_probs(all_logits, temperature, top_k, top_p, sampling_flags(row_params, self.runner.vocab_size))
-        row_positions = to_device(
-            [length + j for length, k in zip(committed_lens, num_draft) for j in range(k + 1)], torch.int64, device
-        )
-        sample_u = counter_uniform(seeds, row_positions, STREAM_SAMPLE)
-        # Target rows that decide a proposal: sequence b's rows are [start_b, start_b + k_b]; all but the last.
-        starts = [0] + list(accumulate(k + 1 for k in num_draft))
-        draft_rows = to_device([start + j for start, k in zip(starts, num_draft) for j in range(k)], torch.int64, device)
-        draft_ids = to_device([t for item in items for t in item.draft_token_ids], torch.int64, device)
+    def _shape(self, sequences, logprobs, width: int, steps: int, support: int, longest: int = 0) -> VerifyShape:
+        return VerifyShape(width=width, steps=steps, support=support,
+                           greedy=all(s.sampling.greedy for s in sequences), sampling=sampling_flags([s.sampling for s in sequences], self.runner.vocab_size),
+                           logprobs=any(n is not None for n in logprobs), synthetic=self.synthetic_acceptance,
+                           max_context=self.runner.context_bound(longest or 1))
 
-        if self.synthetic_acceptance is not None:  # benchmark only: the accept decision is a biased coin
-            output, num_accepted = synthetic_accept(self.synthetic_acceptance, probs, draft_ids, num_draft,
-                                                    seeds[draft_rows], row_positions[draft_rows], sample_u)
-        else:
-            accept_u = counter_uniform(seeds[draft_rows], row_positions[draft_rows], STREAM_ACCEPT)
-            support = max([item.q_token_ids.shape[1] for item in items if item.draft_token_ids] or [1])
-            # q arrives on the host (from the wire or the proposer): pad and stack there, then one copy.
-            q_ids = torch.cat([_pad(item.q_token_ids, k, support, torch.int64) for item, k in zip(items, num_draft)])
-            q_probs = torch.cat([_pad(item.q_probs, k, support, torch.float32) for item, k in zip(items, num_draft)])
-            q_ids, q_probs = _on(q_ids, device), _on(q_probs, device)
-            cu = to_device([0] + list(accumulate(num_draft)), torch.int64, device)
-            output, num_accepted = rejection_sample(probs, draft_ids, q_ids, q_probs, cu, accept_u, sample_u,
-                                                    max_num_draft=max(num_draft, default=0))
-        output, num_accepted = to_host(output, num_accepted)
-        output, num_accepted = output.tolist(), num_accepted.tolist()
-
-        verdicts = []
-        row = 0
-        for b, (item, sequence, length, k) in enumerate(zip(items, sequences, committed_lens, num_draft)):
-            n_acc = num_accepted[b]
-            emitted = output[b][: n_acc + 1]
-            # Rejected proposals leave the KV: it now holds every committed token but the newest.
-            self.runner.block_manager.truncate(sequence.table, length + n_acc)
-            lp = None
-            if item.logprobs is not None:
-                lp = token_logprobs(all_logits[row : row + n_acc + 1], emitted, item.logprobs)
-            verdicts.append(Verdict(n_acc, emitted, lp, sequence.table.num_tokens))
-            row += k + 1
-        return verdicts
+    def _verdict(self, packed: np.ndarray, sequence: WorkerSequence, committed: int, steps: int,
+                 logprobs: int | None) -> Verdict:
+        """One sequence's verdict from its row of the packed result; rejected proposals leave its KV, which then
+        holds every committed token but the newest."""
+        width = steps + 1
+        num_accepted = int(packed[width])
+        emitted = packed[: num_accepted + 1].tolist()
+        self.runner.block_manager.truncate(sequence.table, committed + num_accepted)
+        lp = None
+        if logprobs is not None:
+            top = packed[width + 1 :]
+            chosen = top[:width].view(np.float32)
+            ids = top[width : width * (1 + MAX_LOGPROBS)].reshape(width, MAX_LOGPROBS)
+            values = top[width * (1 + MAX_LOGPROBS) :].reshape(width, MAX_LOGPROBS).view(np.float32)
+            lp = [TokenLogprob(token, float(chosen[j]), list(zip(ids[j, :logprobs].tolist(), values[j, :logprobs].tolist())))
+                  for j, token in enumerate(emitted)]
+        return Verdict(num_accepted, emitted, lp, sequence.table.num_tokens)
 
 
-def _pad(tensor, rows, width, dtype):
-    if rows == 0:
-        return torch.zeros(0, width, dtype=dtype)
-    tensor = tensor.to(device="cpu", dtype=dtype)
-    if tensor.shape[1] == width:
-        return tensor
-    return torch.cat([tensor, torch.zeros(rows, width - tensor.shape[1], dtype=dtype)], dim=1)
-
-
-def _on(tensor: torch.Tensor, device) -> torch.Tensor:
-    if torch.device(device).type != "cuda":
-        return tensor.to(device)
-    return tensor.pin_memory().to(device, non_blocking=True)
-
+def _stack_q(items: list[VerifyItem], steps: int, support: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every sequence's q in the padded layout [n, steps * support] (padding: id 0 with probability 0)."""
+    ids = np.zeros((len(items), steps, support), dtype=np.int64)
+    probs = np.zeros((len(items), steps, support), dtype=np.float64)
+    for b, item in enumerate(items):
+        k = len(item.draft_token_ids)
+        if k:
+            width = item.q_token_ids.shape[1]
+            ids[b, :k, :width] = item.q_token_ids.numpy()
+            probs[b, :k, :width] = item.q_probs.numpy()
+    return ids.reshape(len(items), -1), probs.reshape(len(items), -1)

@@ -25,7 +25,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 class ForwardClock:
     """Times the model forwards of a step, so a target step splits into score (forward) and verify (the rest)."""
 
-    ENTRY_POINTS = ("forward", "forward_flat")  # the runner's ways into the model; nested calls time as one
+    ENTRY_POINTS = ("forward", "forward_flat", "run_step")  # the runner's ways into the model; nested calls time as one
 
     def __init__(self, runner):
         self.reset()

@@ -26,6 +26,9 @@ _KERNEL_MODULES = (
     "specsplit.kernels.kv_write_triton",
     "specsplit.kernels.paged_attention_triton",
     "specsplit.kernels.rejection_sampling_triton",
+    "specsplit.kernels.rms_norm_triton",
+    "specsplit.kernels.rotary_kv_triton",
+    "specsplit.kernels.silu_mul_triton",
 )
 
 

@@ -11,6 +11,7 @@ from specsplit.kernels.paged_attention import paged_attention_torch
 from specsplit.kernels.paged_attention_triton import paged_attention_triton
 from specsplit.kernels.rejection_sampling import rejection_sample_torch, sample_from_probs_torch
 from specsplit.kernels.rejection_sampling_triton import rejection_sample_triton, sample_from_probs_triton
+from test_rejection_sampling import padded
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
@@ -62,9 +63,9 @@ def test_rejection_sampling_full_vocabulary(generator):
     q_probs = q_probs / q_probs.sum(1, keepdim=True)
     draft = q_ids.gather(1, torch.multinomial(q_probs, 1, generator=generator)).squeeze(1)
     accept_u, sample_u = torch.rand(total, generator=generator), torch.rand(total + num_seqs, generator=generator)
-    want = rejection_sample_torch(p, draft, q_ids, q_probs, cu, accept_u, sample_u)
-    on = [t.cuda() for t in (p, draft, q_ids, q_probs, cu, accept_u, sample_u)]
-    got = rejection_sample_triton(*on, max_num_draft=max(num_draft))
+    batch = padded(num_draft, p, draft, q_ids, q_probs, accept_u, sample_u)
+    want = rejection_sample_torch(*batch)
+    got = rejection_sample_triton(*[t.cuda() for t in batch])
     assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
-    rows = sample_from_probs_triton(on[0], on[6])
+    rows = sample_from_probs_triton(p.cuda(), sample_u.cuda())
     assert torch.equal(rows.cpu(), sample_from_probs_torch(p, sample_u))

@@ -16,6 +16,45 @@ def _cu(num_draft):
     return torch.tensor([0] + torch.tensor(num_draft).cumsum(0).tolist(), dtype=torch.int64)
 
 
+def padded(num_draft, p, draft, q_ids, q_probs, accept_u, sample_u):
+    """A batch written flat (sequence b's drafts at cu[b]:cu[b+1], its targets at cu[b]+b:cu[b+1]+b+1) in the
+    padded layout the sampler takes: [num_seqs, max_k(+1), ...], padding rows filled with junk it must ignore."""
+    num_seqs, max_k = len(num_draft), max(num_draft)
+    cu = _cu(num_draft).tolist()
+    support = q_ids.shape[1]
+    out = (torch.rand(num_seqs, max_k + 1, p.shape[1]), torch.zeros(num_seqs, max_k, dtype=torch.int64),
+           torch.zeros(num_seqs, max_k, support, dtype=torch.int64), torch.full((num_seqs, max_k, support), 0.5),
+           torch.tensor(num_draft), torch.full((num_seqs, max_k), 0.5), torch.full((num_seqs, max_k + 1), 0.5))
+    for b, k in enumerate(num_draft):
+        out[0][b, : k + 1] = p[cu[b] + b : cu[b + 1] + b + 1]
+        out[1][b, :k], out[2][b, :k], out[3][b, :k] = draft[cu[b]:cu[b + 1]], q_ids[cu[b]:cu[b + 1]], q_probs[cu[b]:cu[b + 1]]
+        out[5][b, :k] = accept_u[cu[b]:cu[b + 1]]
+        out[6][b, : k + 1] = sample_u[cu[b] + b : cu[b + 1] + b + 1]
+    return out
+
+
+def per_sequence_reference(num_draft, p, draft, q_ids, q_probs, accept_u, sample_u):
+    """The rule written out one sequence at a time (flat layout), to check the batched reference against."""
+    cu, rows = _cu(num_draft).tolist(), []
+    for b, k in enumerate(num_draft):
+        n_acc = 0
+        while n_acc < k:
+            i, t = cu[b] + n_acc, cu[b] + b + n_acc
+            q_of_draft = float((q_probs[i] * (q_ids[i] == draft[i])).sum())
+            if not float(accept_u[i]) * q_of_draft < float(p[t, draft[i]]):
+                break
+            n_acc += 1
+        t = cu[b] + b + n_acc
+        dist = p[t]
+        if n_acc < k:
+            q_dense = torch.zeros_like(dist).scatter_add_(0, q_ids[cu[b] + n_acc], q_probs[cu[b] + n_acc])
+            residual = (dist - q_dense).clamp(min=0)
+            dist = residual if float(residual.sum()) > 0 else dist
+        token = int(sample_from_probs_torch(dist[None], sample_u[t : t + 1])[0])
+        rows.append((draft[cu[b] : cu[b] + n_acc].tolist() + [token], n_acc))
+    return rows
+
+
 # ---- the reference -------------------------------------------------------------------------------------------
 
 def test_reference_inverse_cdf_thresholds():
@@ -47,12 +86,11 @@ def test_reference_greedy_from_hand_made_logits():
     draft = torch.tensor([1, 3, 4, 2, 4, 5])
     # A greedy draft's q is one-hot at its token.
     q_ids, q_probs = draft[:, None].clone(), torch.ones(6, 1)
-    cu = _cu([3, 2, 0, 1])
     p = _one_hot_rows(target_logits)
     for seed in range(3):  # greedy: the uniforms must not matter
         g = torch.Generator().manual_seed(seed)
-        out, num_acc = rejection_sample_torch(p, draft, q_ids, q_probs, cu, torch.rand(6, generator=g),
-                                              torch.rand(10, generator=g))
+        out, num_acc = rejection_sample_torch(*padded([3, 2, 0, 1], p, draft, q_ids, q_probs,
+                                                      torch.rand(6, generator=g), torch.rand(10, generator=g)))
         assert num_acc.tolist() == [2, 2, 0, 0]
         assert out.tolist() == [[1, 3, 5, -1], [2, 4, 1, -1], [3, -1, -1, -1], [0, -1, -1, -1]]
 
@@ -64,14 +102,28 @@ def test_reference_output_is_distributed_as_the_target(generator):
     q_row = torch.tensor([0.6, 0.3, 0.1])  # a bad draft: heavy where p is light
     n = 4000
     draft = q_ids[torch.multinomial(q_row, n, replacement=True, generator=generator)]
-    target_probs = p_row.repeat(2 * n, 1)
-    out, _ = rejection_sample_torch(target_probs, draft, q_ids.repeat(n, 1), q_row.repeat(n, 1),
-                                    torch.arange(n + 1), torch.rand(n, generator=generator),
-                                    torch.rand(2 * n, generator=generator))
+    out, _ = rejection_sample_torch(p_row.repeat(n, 2, 1), draft[:, None], q_ids.repeat(n, 1, 1),
+                                    q_row.repeat(n, 1, 1), torch.ones(n, dtype=torch.int64),
+                                    torch.rand(n, 1, generator=generator), torch.rand(n, 2, generator=generator))
     counts = torch.bincount(out[:, 0], minlength=5).double()
     expected = p_row.double() * n
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < 18.5  # 4 degrees of freedom, p = 0.001
+
+
+def test_reference_equals_the_rule_applied_one_sequence_at_a_time(generator):
+    num_draft = [3, 0, 5, 1, 4, 2]
+    p, draft, q_ids, q_probs, _ = _speculative_batch(num_draft, 120, 8, generator, 0.7)
+    seen = set()
+    for _ in range(4):
+        accept_u, sample_u = torch.rand(len(draft), generator=generator), torch.rand(len(p), generator=generator)
+        out, num_acc = rejection_sample_torch(*padded(num_draft, p, draft, q_ids, q_probs, accept_u, sample_u))
+        want = per_sequence_reference(num_draft, p, draft, q_ids, q_probs, accept_u, sample_u)
+        assert num_acc.tolist() == [n for _, n in want]
+        assert [row[: n + 1].tolist() for row, (_, n) in zip(out, want)] == [tokens for tokens, _ in want]
+        assert all((row[n + 1 :] == -1).all() for row, (_, n) in zip(out, want))
+        seen.update(num_acc.tolist())
+    assert len(seen) >= 3
 
 
 # ---- Triton against the reference ----------------------------------------------------------------------------
@@ -96,11 +148,13 @@ def _speculative_batch(num_draft, vocab, support, generator, mix=0.6):
 
 
 def _compare(p, draft, q_ids, q_probs, cu, accept_u, sample_u, device, **knobs):
-    want = rejection_sample_torch(p, draft, q_ids, q_probs, cu, accept_u, sample_u)
+    num_draft = (cu[1:] - cu[:-1]).tolist()
+    batch = padded(num_draft, p, draft, q_ids, q_probs, accept_u, sample_u)
+    want = rejection_sample_torch(*batch)
     num_seqs, width = want[0].shape
     poisoned = (torch.full((num_seqs, width), -7, dtype=torch.int64, device=device),
                 torch.full((num_seqs,), -7, dtype=torch.int64, device=device))
-    on = [t.to(device) for t in (p, draft, q_ids, q_probs, cu, accept_u, sample_u)]
+    on = [t.to(device) for t in batch]
     got = rejection_sample_triton(*on, out=poisoned, **knobs)
     assert got[0] is poisoned[0] and got[1] is poisoned[1]
     assert torch.equal(got[0].cpu(), want[0]), (got[0], want[0])

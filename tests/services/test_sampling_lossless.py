@@ -47,13 +47,13 @@ def test_rejection_sampler_emits_target_distribution(support):
     pick = torch.multinomial(q_probs, n, replacement=True, generator=gen).T  # [n, k]
     drafts = q_ids.gather(1, pick.T).T.reshape(-1)
     out, accepted = rejection_sample_torch(
-        target_probs=p.repeat(n, 1),
-        draft_token_ids=drafts,
-        q_token_ids=q_ids.repeat(n, 1),
-        q_probs=q_probs.repeat(n, 1),
-        cu_num_draft=torch.arange(0, (n + 1) * k, k),
-        accept_uniforms=torch.rand(n * k, generator=gen),
-        sample_uniforms=torch.rand(n * (k + 1), generator=gen),
+        target_probs=p.repeat(n, 1, 1),
+        draft_token_ids=drafts.view(n, k),
+        q_token_ids=q_ids.repeat(n, 1, 1),
+        q_probs=q_probs.repeat(n, 1, 1),
+        num_draft=torch.full((n,), k),
+        accept_uniforms=torch.rand(n, k, generator=gen),
+        sample_uniforms=torch.rand(n, k + 1, generator=gen),
     )
     first = out[:, 0].numpy()
     assert chi_square_pvalue(np.bincount(first, minlength=vocab), p[0].numpy()) > ALPHA

@@ -20,39 +20,39 @@ def expected_accepted(alpha: float, k: int) -> float:
 def test_accepted_prefix_follows_the_coin(alpha):
     torch.manual_seed(int(alpha * 10))
     num_seqs, k, vocab = 2000, 4, 50
-    num_draft = [k] * num_seqs
-    # One-hot target rows, each at a distinct token, so the emitted token tells which row it was sampled from.
-    rows = num_seqs * (k + 1)
-    row_token = torch.randint(0, vocab, (rows,))
+    # One-hot target rows, each at a random token, so the emitted token tells which row it was sampled from.
+    row_token = torch.randint(0, vocab, (num_seqs, k + 1))
     probs = torch.nn.functional.one_hot(row_token, vocab).float()
-    drafts = torch.randint(0, vocab, (num_seqs * k,))
-    seeds = torch.randint(0, 2**62, (num_seqs,)).repeat_interleave(k)
-    positions = torch.arange(k).repeat(num_seqs) + 10
-    output, num_accepted = synthetic_accept(alpha, probs, drafts, num_draft, seeds, positions, torch.rand(rows))
+    drafts = torch.randint(0, vocab, (num_seqs, k))
+    seeds = torch.randint(0, 2**62, (num_seqs, 1)).expand(num_seqs, k + 1)
+    positions = torch.arange(k + 1).repeat(num_seqs, 1) + 10
+    output, num_accepted = synthetic_accept(alpha, probs.log(), probs, drafts, torch.full((num_seqs,), k), seeds,
+                                            positions)
 
     mean = num_accepted.float().mean().item()
     # Standard error of the mean prefix length is under 1.6/sqrt(2000) ~ 0.036: allow 4 of them.
     assert abs(mean - expected_accepted(alpha, k)) < 0.15, (alpha, mean)
     for b in range(0, num_seqs, 97):
         n = int(num_accepted[b])
-        assert output[b, :n].tolist() == drafts[b * k : b * k + n].tolist()
-        assert int(output[b, n]) == int(row_token[b * (k + 1) + n])  # a sample of p at the row after the prefix
+        assert output[b, :n].tolist() == drafts[b, :n].tolist()
+        assert int(output[b, n]) == int(row_token[b, n])  # a sample of p at the row after the prefix
         assert (output[b, n + 1 :] == -1).all()
 
 
 def test_mixed_proposal_counts_and_no_proposals():
-    num_draft = [0, 3, 1, 0, 5]
-    rows = sum(num_draft) + len(num_draft)
-    vocab = 20
-    probs = torch.softmax(torch.randn(rows, vocab), -1)
-    drafts = torch.randint(0, vocab, (sum(num_draft),))
-    seeds = torch.full((sum(num_draft),), 7, dtype=torch.int64)
-    positions = torch.arange(sum(num_draft))
-    output, num_accepted = synthetic_accept(1.0, probs, drafts, num_draft, seeds, positions, torch.rand(rows))
-    assert num_accepted.tolist() == num_draft  # alpha = 1 accepts everything
+    num_draft = torch.tensor([0, 3, 1, 0, 5])
+    vocab, k = 20, 5
+    logits = torch.randn(5, k + 1, vocab)
+    drafts = torch.randint(0, vocab, (5, k))
+    seeds = torch.full((5, k + 1), 7, dtype=torch.int64)
+    positions = torch.arange(k + 1).repeat(5, 1)
+    output, num_accepted = synthetic_accept(1.0, logits, None, drafts, num_draft, seeds, positions)
+    assert num_accepted.tolist() == num_draft.tolist()  # alpha = 1 accepts every real proposal, no padding
     assert output.shape == (5, 6)
-    assert output[1, :3].tolist() == drafts[0:3].tolist() and output[4, :5].tolist() == drafts[4:9].tolist()
-    assert (output[:, :].max(dim=1).values >= 0).all()
+    assert output[1, :3].tolist() == drafts[1, :3].tolist() and output[4, :5].tolist() == drafts[4].tolist()
+    # Greedy rows (no probs): the emitted token is the argmax of the row after the prefix.
+    assert [int(output[b, n]) for b, n in enumerate(num_draft.tolist())] == \
+        [int(logits[b, n].argmax()) for b, n in enumerate(num_draft.tolist())]
 
 
 def test_alpha_must_be_a_probability():
