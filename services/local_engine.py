@@ -44,10 +44,13 @@ class LocalEngine:
         target_weights: str = "auto",
         draft_weights: str = "auto",
         prefix_caching: bool = True,
+        speculation: str = "adaptive",
     ):
         """`synthetic_acceptance`: BENCHMARK ONLY, not lossless (services/target/synthetic_acceptance.py).
         `target_weights` / `draft_weights`: how each model's linear layers hold weights (models/weight_formats.py);
-        a target-only engine (no draft) turns "auto" into dense, the fastest layout for one row at a time."""
+        a target-only engine (no draft) turns "auto" into dense, the fastest layout for one row at a time.
+        `speculation`: "adaptive" (k per round, up to num_speculative_tokens) or "fixed" (always that k); a given
+        `coordinator_config` keeps its own."""
         if num_speculative_tokens < 0:
             raise InvalidArgument(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
         self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype, device)
@@ -69,7 +72,7 @@ class LocalEngine:
                                             prefix_caching=prefix_caching)
             self.proposer = DraftProposer(self.draft_runner, support_size=draft_support)
             drafts = [ReplicaPool("default", [LocalDraftClient(self.proposer)])]
-        config = coordinator_config or CoordinatorConfig()
+        config = coordinator_config or CoordinatorConfig(speculation=speculation)
         config.num_speculative_tokens = num_speculative_tokens if self.draft is not None else 0
         self.coordinator = Coordinator(targets, drafts, self.target.tokenizer, self.target.config.eos_token_ids, config)
 

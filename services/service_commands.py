@@ -45,7 +45,9 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
     c.add_argument("--tokenizer", default=None, help="MODEL whose tokenizer to use (default: the target's)")
     c.add_argument("--host", default="0.0.0.0")
     c.add_argument("--port", type=int, default=50051)
-    c.add_argument("--num-speculative-tokens", "-k", type=int, default=4)
+    c.add_argument("--num-speculative-tokens", "-k", type=int, default=4,
+                   help="the most proposals per round (adaptive), or exactly this many (fixed); 0 = target only")
+    add_speculation_arg(c)
     c.add_argument("--max-num-seqs", type=int, default=256)
     c.add_argument("--max-waiting", type=int, default=1024)
     c.add_argument("--disable-speculation-batch-size", type=int, default=0)
@@ -74,7 +76,16 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
     add_sampling_args(s)
     add_model_args(s)
     add_weight_format_args(s)
+    add_speculation_arg(s)
     s.set_defaults(handler=_run_serve)
+
+
+def add_speculation_arg(p) -> None:
+    """For commands that run a coordinator (coordinator, serve, generate --local)."""
+    p.add_argument("--speculation", default="adaptive", choices=["adaptive", "fixed"],
+                   help="adaptive (default): each round proposes the k (0 to --num-speculative-tokens) that the "
+                   "measured acceptance and costs say is fastest, so speculation never loses to plain decoding; "
+                   "fixed: always --num-speculative-tokens (benchmarks)")
 
 
 def add_weight_format_args(p) -> None:
@@ -123,6 +134,7 @@ def _run_coordinator(args) -> int:
 
     config = CoordinatorConfig(
         num_speculative_tokens=args.num_speculative_tokens,
+        speculation=args.speculation,
         max_num_seqs=args.max_num_seqs,
         max_waiting=args.max_waiting,
         disable_speculation_batch_size=args.disable_speculation_batch_size,
@@ -170,7 +182,8 @@ def _run_serve(args) -> int:
                                              "--weights", target_weights, *model_flags, *worker_metrics])
         processes.append(target)
         coordinator_argv = ["coordinator", "--target", target_addr, "--host", args.host, "--port", str(args.port),
-                            "-k", str(k if args.draft else 0), "--metrics-port", str(args.metrics_port)]
+                            "-k", str(k if args.draft else 0), "--metrics-port", str(args.metrics_port),
+                            "--speculation", args.speculation]
         if args.draft:
             draft, draft_addr = spawn_service(["draft", "--model", args.draft, "--host", "127.0.0.1", "--port", "0",
                                                "--weights", args.draft_weights, *model_flags, *worker_metrics])

@@ -91,7 +91,7 @@ async def _generate_local(args) -> int:
     engine = LocalEngine(
         args.target, args.draft, num_speculative_tokens=k, dtype=args.dtype, device=args.device,
         num_kv_blocks=args.num_kv_blocks, block_size=args.block_size, prefix_caching=args.prefix_caching,
-        target_weights=args.target_weights, draft_weights=args.draft_weights,
+        target_weights=args.target_weights, draft_weights=args.draft_weights, speculation=args.speculation,
     )
     params = sampling_params_from_args(args)
     request = engine.request(prompt_from_args(args), params, chat=args.chat)
@@ -139,9 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--tls-server-name", default=None, help="name to verify in the coordinator's certificate (--server)")
     _add_sampling_args(gen)
     _add_model_args(gen)
-    from specsplit.services.service_commands import add_weight_format_args
+    from specsplit.services.service_commands import add_speculation_arg, add_weight_format_args
 
     add_weight_format_args(gen)
+    add_speculation_arg(gen)
     gen.set_defaults(handler=_cmd_generate)
 
     from specsplit.services.service_commands import add_service_commands

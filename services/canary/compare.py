@@ -157,7 +157,9 @@ def run_comparison(target: str, drafts: list[str], prompts: list[str], max_token
 async def _run_one(label, draft, target_model, draft_model, prompts, max_tokens, k, chat, ignore_eos, engine_options) -> DraftRun:
     from specsplit.services.local_engine import LocalEngine
 
-    engine = LocalEngine(target_model, draft_model, num_speculative_tokens=k if draft_model else 0, **engine_options)
+    # Every round proposes k: comparing drafts means measuring each one's acceptance at every position.
+    engine = LocalEngine(target_model, draft_model, num_speculative_tokens=k if draft_model else 0,
+                         speculation="fixed", **engine_options)
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=ignore_eos)
     run = DraftRun(label, draft)
     try:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from specsplit.services.coordinator.generation import GenerationRequest, GenerationResult, TokenEvent
 from specsplit.services.coordinator.replica_pools import ReplicaPool, pick_variant
 from specsplit.services.coordinator.sequence_state import SequenceState
+from specsplit.services.coordinator.speculation_policy import SpeculationPolicy
 from specsplit.services.coordinator.stop_checker import StopChecker
 from specsplit.services.draft.proposer import DraftPrefill, ProposeItem
 from specsplit.services.errors import InvalidArgument, KVCacheFull, ResourceExhausted, Unavailable, UnknownSequence
@@ -28,9 +29,14 @@ from specsplit.services.telemetry.coordinator_telemetry import CoordinatorTeleme
 log = logging.getLogger(__name__)
 
 
+SPECULATION_MODES = ("adaptive", "fixed")
+
+
 @dataclass
 class CoordinatorConfig:
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int = 4         # adaptive: the most a round proposes; fixed: what every round proposes
+    speculation: str = "adaptive"           # "adaptive": k per round from live acceptance and measured costs (0 =
+                                            # plain decoding when speculating would be slower); "fixed": always k
     max_speculative_tokens: int = 16
     max_num_seqs: int = 256                 # sequences decoding at once
     max_waiting: int = 1024                 # admitted but not yet running; beyond it, RESOURCE_EXHAUSTED
@@ -55,6 +61,9 @@ class Coordinator:
         self._bound_loop = None
         self.observers = []  # callables(sequence, event_name) for metrics and canary statistics
         self.telemetry = CoordinatorTelemetry(self)  # request spans and worker-call timings
+        if self.config.speculation not in SPECULATION_MODES:
+            raise ValueError(f"speculation must be one of {', '.join(SPECULATION_MODES)}, not {self.config.speculation!r}")
+        self.policy = SpeculationPolicy(self.config.max_speculative_tokens, fixed=self.config.speculation == "fixed")
         self._releases: dict = {}  # worker client -> handles to release after this iteration
         self._last_probe = 0.0
 
@@ -268,8 +277,15 @@ class Coordinator:
         if not sequences:
             return
         batch = len(sequences)
-        k_of = {s: self._speculation_length(s, batch) for s in sequences}
+        # k for the round: each sequence's cap (its request, its room, its draft), then, for the sequences that leave
+        # it to the policy, its choice for the batch from their acceptance and the costs measured at this batch size.
+        limits = {s: self._speculation_length(s, batch) for s in sequences}
+        adaptive = {s: limits[s] > 0 and _follows_policy(s.request.params) for s in sequences}
+        rates = [self.policy.rate(s.acceptance, s.draft_variant) if adaptive[s] else 0.0 for s in sequences]
+        k = self.policy.choose(rates, batch, max((limits[s] for s in sequences if adaptive[s]), default=0))
+        k_of = {s: min(k, limits[s]) if adaptive[s] else limits[s] for s in sequences}
         proposing = [s for s in sequences if k_of[s] > 0]
+        started = time.perf_counter()
         propose_calls = [
             self._call(client, "propose", [ProposeItem(s.handle, s.draft_cached, s.committed[s.draft_cached :], k_of[s]) for s in group], group)
             for client, group in _group(proposing, lambda s: s.draft)
@@ -281,6 +297,7 @@ class Coordinator:
                     self._on_draft_error(sequence, proposal)  # this round goes on without proposals
                 else:
                     proposals[sequence] = proposal
+        proposed = time.perf_counter()
         live = [s for s in sequences if not s.finished]
         verify_calls = [
             self._call(client, "verify", [self._verify_item(s, proposals.get(s)) for s in group], group)
@@ -299,8 +316,14 @@ class Coordinator:
                     committed_len = len(sequence.committed)
                     sequence.draft_cached = min(proposal.num_cached, committed_len + verdict.num_accepted)
                     sequence.bonus = verdict.num_accepted == len(proposal.token_ids) > 0
+                    if proposal.token_ids:
+                        self.policy.record_acceptance(sequence.acceptance, sequence.draft_variant,
+                                                      len(proposal.token_ids), verdict.num_accepted)
                 sequence.target_cached = verdict.num_cached
                 self._commit(sequence, verdict, num_draft=len(proposal.token_ids) if proposal else 0)
+        if all(n in (0, k) for n in k_of.values()):  # a round of one k: what it cost says what k costs
+            self.policy.record_costs(batch, k, proposed - started, time.perf_counter() - proposed)
+        self.telemetry.round_chosen(k, batch)
 
     # ---- faults: lost replicas, lost worker state, KV pressure --------------------------------------------------
 
@@ -493,6 +516,13 @@ class Coordinator:
         except Exception as error:
             results = [error] * len(items)
         return list(zip(sequences, results))
+
+
+def _follows_policy(params) -> bool:
+    """Whether the speculation policy picks this request's k. A request that names its k gets exactly it, and so
+    does a seeded sampled one: its tokens depend on how many were proposed each round, so a fixed k keeps the
+    promise that a seed reproduces its output whatever else is batched. Greedy output never depends on k."""
+    return params.num_speculative_tokens is None and (params.greedy or params.seed is None)
 
 
 def _group(sequences: list[SequenceState], key) -> list[tuple[object, list[SequenceState]]]:

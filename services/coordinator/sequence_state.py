@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from specsplit.services.coordinator.generation import GenerationRequest, SpeculationStats
+from specsplit.services.coordinator.speculation_policy import Acceptance
 from specsplit.services.coordinator.stop_checker import StopChecker
 from specsplit.services.runtime.worker_sequences import WorkerSampling
 
@@ -40,6 +41,7 @@ class SequenceState:
     finish_reason: str | None = None
     error: Exception | None = None
     stats: SpeculationStats = field(default_factory=SpeculationStats)
+    acceptance: Acceptance = field(default_factory=Acceptance)  # what the speculation policy estimates from
     logprobs: list = field(default_factory=list)
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     started: float = field(default_factory=time.perf_counter)

@@ -2,9 +2,12 @@
 
 Tokens accepted in a round past the point where the request stops are dropped: the stop is checked token by token.
 Text is released only when it cannot change: a trailing incomplete UTF-8 character and any suffix that could still
-grow into a stop string are held back until the next tokens (or the end) settle them.
+grow into a stop string are held back until the next tokens (or the end) settle them. Detokenization is
+incremental (incremental_detokenizer.py): a round costs the same whatever the length generated so far, and without
+stop strings a round's tokens are decoded together.
 """
 
+from specsplit.services.coordinator.incremental_detokenizer import IncrementalDetokenizer
 from specsplit.services.sampling_params import SamplingParams
 
 
@@ -16,6 +19,7 @@ class StopChecker:
         self.max_total_len = max_total_len
         self.prompt_len = prompt_len
         self.generated: list[int] = []
+        self.detokenizer = IncrementalDetokenizer(tokenizer)
         self.text = ""
         self.emitted_chars = 0
         self.finish_reason: str | None = None
@@ -30,19 +34,20 @@ class StopChecker:
                 break
             kept.append(token)
             self.generated.append(token)
+            if self.params.stop:  # stop strings are matched token by token, so the text must be too
+                self.detokenizer.add([token])
             if token in self.stop_ids:
                 self.finish_reason = "stop"
             elif self.params.stop and self._find_stop_string():
                 self.finish_reason = "stop"
             elif len(self.generated) >= self.params.max_tokens or self.prompt_len + len(self.generated) >= self.max_total_len:
                 self.finish_reason = "length"
+        if not self.params.stop:
+            self.detokenizer.add(kept)
         return kept, self._release()
 
-    def _decode(self) -> str:
-        return self.tokenizer.decode(self.generated, skip_special_tokens=True) if self.tokenizer else ""
-
     def _find_stop_string(self) -> bool:
-        text = self._decode()
+        text = self.detokenizer.text
         search_from = max(0, self.emitted_chars - self._hold)
         hits = [i for s in self.params.stop if (i := text.find(s, search_from)) >= 0]
         if hits:
@@ -51,10 +56,12 @@ class StopChecker:
         return False
 
     def _release(self) -> str:
-        self.text = self._text_cut_at_stop if self._text_cut_at_stop is not None else self._decode()
+        if self._text_cut_at_stop is not None:
+            self.text = self._text_cut_at_stop
+        else:
+            self.text = self.detokenizer.finish() if self.finish_reason else self.detokenizer.text
         releasable = len(self.text)
         if not self.finish_reason:
-            releasable = len(self.text.rstrip("\ufffd"))
             if self.params.stop:
                 releasable = min(releasable, len(self.text) - self._hold)
         releasable = max(releasable, self.emitted_chars)

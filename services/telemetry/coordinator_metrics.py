@@ -11,6 +11,7 @@ Exported (variant = the draft variant that served the request; "none" = the targ
   specsplit_system_efficiency{variant}          emitted / ((k+1) per round)
   specsplit_requests_total{variant,finish_reason}
   specsplit_stage_latency_seconds{stage}        prefill / propose / verify worker calls, as round trips
+  specsplit_speculation_length                  k the speculation policy chose per round (0 = plain decoding)
   specsplit_round_seconds{variant}              one sequence's round: time between its commits
   specsplit_time_to_first_token_seconds{variant}, specsplit_inter_token_latency_seconds{variant}
   specsplit_queue_depth{role="coordinator"}, specsplit_running_sequences{role="coordinator"}
@@ -48,6 +49,10 @@ class CoordinatorMetrics:
             "specsplit_inter_token_latency_seconds", "Per request, (total - time to first token) / (tokens - 1)",
             ["variant"], registry=self.registry, buckets=STAGE_BUCKETS,
         )
+        self.speculation_length = Histogram(
+            "specsplit_speculation_length", "Proposals per sequence the speculation policy chose for a round",
+            registry=self.registry, buckets=tuple(range(0, 17)),
+        )
         self.registry.register(_SpeculationCollector(self))
         for stage in ("prefill", "propose", "verify"):
             self.stage_latency.labels(stage)  # every series exists from the start, at zero
@@ -58,6 +63,9 @@ class CoordinatorMetrics:
         self.coordinator.observers.append(self.observe)
         self.coordinator.telemetry.metrics = self
         return self
+
+    def observe_round(self, k: int) -> None:
+        self.speculation_length.observe(k)
 
     def observe_call(self, method: str, seconds: float) -> None:
         self.stage_latency.labels(method).observe(seconds)

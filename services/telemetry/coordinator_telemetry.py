@@ -26,6 +26,11 @@ class CoordinatorTelemetry:
         self.model_name = ""   # gen_ai.request.model; the first target replica's model when left empty
         self.metrics = None    # a CoordinatorMetrics once attached
 
+    def round_chosen(self, k: int, batch: int) -> None:
+        """The speculation length the policy chose for a round of `batch` sequences."""
+        if self.metrics is not None:
+            self.metrics.observe_round(k)
+
     # ---- the request span -------------------------------------------------------------------------------------
 
     def request_started(self, sequence) -> None:

@@ -92,6 +92,10 @@ def test_bf16_greedy_match_rate_is_reported(tiny_pair, cpu_reference, record_pro
     assert all(len(t) == MAX_TOKENS for t in target_only + speculative)
 
 
+def graph_keys(runner, name: str) -> list:
+    return [key for key in runner.graphs.steps if key[0] == name]
+
+
 def test_cuda_graphs_are_used_and_match_eager(tiny_pair, cpu_reference, monkeypatch):
     """Graphs (the default on CUDA) and eager give the CPU's fp32 greedy tokens, also for a batch that does not fill
     its bucket (3 of 4: one padding row), and leave no KV behind."""
@@ -99,8 +103,9 @@ def test_cuda_graphs_are_used_and_match_eager(tiny_pair, cpu_reference, monkeypa
     assert graphed.target_runner.graphs is not None and graphed.draft_runner.graphs is not None
     for k in (0, 1, 4):
         assert generate(graphed, k) == cpu_reference, f"k={k}"
-    assert (1, 4) in graphed.draft_runner.graphs.graphs  # draft steps of 4 sequences
-    assert (5, 4) in graphed.target_runner.graphs.graphs  # verifications of k+1 = 5 tokens
+    # A whole draft call of 4 steps for 4 sequences is one graph; so is a verification of k = 4.
+    assert any(shape.steps == 4 and bucket == 4 for _, shape, bucket in graph_keys(graphed.draft_runner, "draft"))
+    assert any(shape.steps == 4 and bucket == 4 for _, shape, bucket in graph_keys(graphed.target_runner, "verify"))
     # The second and third passes found the long prompt's 8 full blocks in the prefix cache (the prefill ran only
     # its last tokens, on top of cached KV) and still gave the CPU's tokens.
     assert graphed.target_runner.block_manager.prefix_cache.hit_tokens >= 2 * 128
@@ -121,31 +126,83 @@ def test_cuda_graphs_are_used_and_match_eager(tiny_pair, cpu_reference, monkeypa
     assert generate(eager, 4) == cpu_reference
 
 
-def test_draft_rounds_wait_for_the_gpu_once(tiny_pair):
-    """The k-step draft loop feeds samples to the next step on the device: one host wait per propose call."""
-    from specsplit.services.draft.proposer import DraftPrefill, ProposeItem
-    from specsplit.services.runtime.worker_sequences import WorkerSampling
+def test_seeded_sampling_is_the_same_graphed_and_eager(tiny_pair, monkeypatch):
+    graphed = LocalEngine(tiny_pair["target"], tiny_pair["close"], num_speculative_tokens=4, dtype="float32",
+                          device="cuda")
+    monkeypatch.setenv("SPECSPLIT_CUDA_GRAPHS", "0")
+    eager = LocalEngine(tiny_pair["target"], tiny_pair["close"], num_speculative_tokens=4, dtype="float32",
+                        device="cuda")
+    for temperature in (0.8, 1.0):
+        sampled = generate(graphed, 4, temperature=temperature)
+        assert sampled == generate(eager, 4, temperature=temperature)
+        assert generate(graphed, 0, temperature=temperature) == generate(eager, 0, temperature=temperature)
 
-    engine = LocalEngine(tiny_pair["target"], tiny_pair["close"], num_speculative_tokens=4, dtype="float32", device="cuda")
-    proposer = engine.proposer
-    ids = byte_tokenizer().encode(PROMPTS[0])
-    proposer.prefill([DraftPrefill("s", ids[:-1], WorkerSampling(0.0, 0, 1.0, 0))])
-    proposer.propose([ProposeItem("s", len(ids) - 1, ids[-1:], 4)])  # warm-up: captures the graphs
-    syncs = []
+
+def test_graphs_cover_mixed_batches_like_the_cpu(tiny_pair):
+    """Five sequences (between buckets 4 and 8) with different lengths: they finish mid-batch, carry fewer
+    proposals near their end (mixed k in one verification), catch up on 1 or 2 tokens (bonus rounds); greedy output
+    equals the CPU's target-only output, with no KV left behind."""
+    tok = byte_tokenizer()
+    prompts = [tok.encode(p) for p in PROMPTS] + [tok.encode("lorem ipsum")]
+    lengths = [5, 17, 32, 9, 23]
+
+    def run(engine, k):
+        async def main():
+            results = await asyncio.gather(*(engine.generate(p, SamplingParams(max_tokens=n, ignore_eos=True,
+                                                                               num_speculative_tokens=k))
+                                             for p, n in zip(prompts, lengths)))
+            await engine.coordinator.wait_idle()
+            return [r.token_ids for r in results]
+        return asyncio.run(main())
+
+    cpu = LocalEngine(tiny_pair["target"], None, num_speculative_tokens=0, dtype="float32", target_weights="dense")
+    want = run(cpu, 0)
+    for draft in ("close", "unrelated"):
+        gpu = LocalEngine(tiny_pair["target"], tiny_pair[draft], num_speculative_tokens=4, dtype="float32",
+                          device="cuda")
+        for k in (4, 3, 1):
+            assert run(gpu, k) == want, (draft, k)
+        assert gpu.kv_blocks_used() == {"target": 0, "draft": 0}
+        shapes = [shape for _, shape, _ in graph_keys(gpu.draft_runner, "draft")]
+        if draft == "close":
+            assert any(shape.catch_up == 2 for shape in shapes)  # a bonus round's catch-up of two tokens
+        assert any(bucket == 8 for _, _, bucket in graph_keys(gpu.target_runner, "verify"))
+
+
+def _host_waits(call) -> int:
+    import warnings
+
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("warn")
     try:
-        import warnings
-
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            proposer.propose([ProposeItem("s", len(ids) - 1, ids[-1:], 8)])
-        syncs = [w for w in caught if "synchroniz" in str(w.message)]
+            call()
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    print(f"\nhost waits in one propose call of k=8: {len(syncs)}")
-    # Exactly one: the read-back after the loop (which also shows the debug mode does see this path's waits).
-    assert len(syncs) == 1, [str(w.message) for w in syncs]
+    return len([w for w in caught if "synchroniz" in str(w.message)])
+
+
+def test_each_round_call_waits_for_the_gpu_once(tiny_pair):
+    """A draft call of k steps and a verification each replay one graph and wait once, for the result."""
+    from specsplit.services.draft.proposer import DraftPrefill, ProposeItem
+    from specsplit.services.runtime.worker_sequences import WorkerSampling
+    from specsplit.services.target.verifier import TargetPrefill, VerifyItem
+
+    engine = LocalEngine(tiny_pair["target"], tiny_pair["close"], num_speculative_tokens=4, dtype="float32", device="cuda")
+    proposer, verifier = engine.proposer, engine.verifier
+    ids = byte_tokenizer().encode(PROMPTS[0])
+    greedy = WorkerSampling(0.0, 0, 1.0, 0)
+    proposer.prefill([DraftPrefill("s", ids[:-1], greedy)])
+    verifier.prefill([TargetPrefill("s", ids[:-1], greedy)])
+    proposal = proposer.propose([ProposeItem("s", len(ids) - 1, ids[-1:], 8)])[0]  # warm-up: captures the graph
+    verify = lambda: verifier.verify([VerifyItem("s", len(ids) - 1, ids[-1:], proposal.token_ids,  # noqa: E731
+                                                 proposal.q_token_ids, proposal.q_probs)])
+    verify()
+    waits = _host_waits(lambda: proposer.propose([ProposeItem("s", len(ids) - 1, ids[-1:], 8)]))
+    print(f"\nhost waits in one propose call of k=8: {waits}")
+    assert waits == 1  # the read-back after the replay (which also shows the debug mode sees this path's waits)
+    assert _host_waits(verify) == 1
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
@@ -158,31 +215,4 @@ def test_cuda_graphs_on_a_second_gpu(tiny_pair, cpu_reference):
     draft = load_model(str(tiny_pair["close"]), "float32", "cuda:1")
     engine = LocalEngine(target, draft, num_speculative_tokens=4)
     assert generate(engine, 4) == cpu_reference
-    assert engine.draft_runner.graphs.graphs and engine.target_runner.graphs.graphs
-
-
-def test_graphs_run_ragged_batches_like_eager(tiny_pair):
-    """Sequences adding different token counts (a verification with fewer proposals near max_tokens, a catch-up of 1
-    or 2 tokens) run in one graph padded to the longest, with the eager path's logits, and leave no KV behind."""
-    from specsplit.services.models.loader import load_model
-    from specsplit.services.runtime.model_runner import ForwardItem, ModelRunner
-
-    loaded = load_model(str(tiny_pair["target"]), "float32", "cuda")
-    results = {}
-    for graphs in (True, False):
-        runner = ModelRunner(loaded, num_blocks=64, cuda_graphs=graphs)
-        tables = [runner.block_manager.allocate(0) for _ in range(3)]
-        prompts = [ForwardItem(t, list(range(10 + 7 * i, 30 + 9 * i)), 1) for i, t in enumerate(tables)]
-        runner.reserve(prompts)
-        runner.forward(prompts)
-        ragged = [ForwardItem(tables[0], [5, 6, 7, 8, 9], 5), ForwardItem(tables[1], [11, 12, 13], 3),
-                  ForwardItem(tables[2], [14, 15], 1)]
-        assert runner.reserve(ragged) == [None] * 3
-        results[graphs] = runner.forward_flat(ragged)
-        if graphs:
-            assert list(runner.graphs.graphs) == [(5, 4)]  # one graph: q = the longest, bucket 4 for 3 sequences
-        for table in tables:
-            runner.block_manager.free(table)
-        assert runner.block_manager.num_used_blocks == 0
-    assert results[True].shape == (9, loaded.config.vocab_size)
-    torch.testing.assert_close(results[True], results[False], rtol=1e-4, atol=1e-4)
+    assert engine.draft_runner.graphs.steps and engine.target_runner.graphs.steps

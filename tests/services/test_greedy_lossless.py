@@ -43,7 +43,8 @@ def reference(tiny_pair):
 @pytest.mark.parametrize("draft_kind", ["target", "close", "unrelated"])
 def test_greedy_matches_target_alone_and_transformers(tiny_pair, reference, draft_kind):
     ids, expected = reference
-    engine = LocalEngine(tiny_pair["target"], tiny_pair[draft_kind], num_speculative_tokens=8, dtype="float64")
+    engine = LocalEngine(tiny_pair["target"], tiny_pair[draft_kind], num_speculative_tokens=8, dtype="float64",
+                         speculation="fixed")
 
     async def main():
         target_only = await run_batch(engine, ids, 0)
