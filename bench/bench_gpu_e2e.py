@@ -1,5 +1,6 @@
 """End to end on one GPU: target-only, speculative in one process, speculative split across processes, and
-transformers `generate` / assisted generation, on random-weight models of Qwen2.5 shapes (bf16).
+transformers `generate` (eager, and with a static cache under torch.compile) / assisted generation, on random-weight
+models of Qwen2.5 shapes (bf16).
 
 Random weights give near-uniform next-token distributions, so a random draft is (almost) never accepted. To show
 realistic round shapes the speculative runs use the SYNTHETIC ACCEPTANCE benchmark mode
@@ -7,8 +8,13 @@ realistic round shapes the speculative runs use the SYNTHETIC ACCEPTANCE benchma
 emitted tokens are still real samples of the target. Rows measured that way say `acceptance: synthetic`. alpha = 1
 is measured for real, with draft = target (same weights) and the real rejection sampler (greedy).
 
+The adaptive rows speculate with the random draft for real (the real rejection sampler: acceptance ~ 0, an
+unrelated draft) under the adaptive speculation policy: they show what speculation costs when it cannot help.
+The synthetic rows use a fixed k (--speculation fixed), as the goals are stated for k = 4.
+
 All models use vocabulary 151936 (Qwen2.5 0.5B/1.5B's; the 7B's real 152064 would not match the draft's).
-The bound is E/(1+k*c) (DESIGN.md), with c = draft step / target step, both measured here at batch 1.
+The bound is E/(1+k*c) (DESIGN.md), with c = draft step / target decode step, both measured here at batch 1 as the
+workers run them (a draft call of k steps / k, against a one-token verification).
 
     python3 bench/bench_gpu_e2e.py [--targets 7b,1.5b] [--batches 1,8,32,64] [--split-batches 1,8]
 """
@@ -35,8 +41,11 @@ from specsplit.services.models.config import DecoderConfig  # noqa: E402
 from specsplit.services.models.decoder import CausalDecoder  # noqa: E402
 from specsplit.services.models.loader import LoadedModel  # noqa: E402
 from specsplit.services.models.rotary import RotaryEmbedding  # noqa: E402
-from specsplit.services.runtime.model_runner import ForwardItem, ModelRunner  # noqa: E402
+from specsplit.services.draft.proposer import DraftPrefill, DraftProposer, ProposeItem  # noqa: E402
+from specsplit.services.runtime.model_runner import ModelRunner  # noqa: E402
+from specsplit.services.runtime.worker_sequences import WorkerSampling  # noqa: E402
 from specsplit.services.sampling_params import SamplingParams  # noqa: E402
+from specsplit.services.target.verifier import TargetPrefill, TargetVerifier, VerifyItem  # noqa: E402
 
 VOCAB = int(os.environ.get("SPECSPLIT_BENCH_VOCAB", 151936))
 DEVICE = os.environ.get("SPECSPLIT_BENCH_DEVICE", "cuda")  # "cpu" only for a smoke run of this script
@@ -111,7 +120,8 @@ def prompts(batch: int) -> list[list[int]]:
     return torch.randint(0, VOCAB, (batch, PROMPT_LEN), generator=g).tolist()
 
 
-def run_local(engine: LocalEngine, batch: int, k: int, max_tokens: int):
+def run_local(engine: LocalEngine, batch: int, k: int | None, max_tokens: int):
+    """k None: the engine's policy chooses (adaptive speculation)."""
     params = [SamplingParams(max_tokens=max_tokens, ignore_eos=True, num_speculative_tokens=k, temperature=0.0)
               for _ in range(batch)]
 
@@ -139,24 +149,54 @@ def summarize(results, elapsed, batch) -> dict:
             "tokens_per_round": (tokens - batch) / rounds if rounds else None, "seconds": elapsed}
 
 
-def step_time(loaded: LoadedModel, batch: int = 1, context: int = 64, repeats: int = 30, cuda_graphs=None) -> float:
-    """Median seconds of one decode step (1 new token per sequence) through ModelRunner (CUDA graphs by default)."""
-    runner = ModelRunner(loaded, num_blocks=batch * (context // 16 + 8), cuda_graphs=cuda_graphs)
-    tables = [runner.block_manager.allocate(0) for _ in range(batch)]
-    first = [ForwardItem(t, list(range(1, context + 1)), 1) for t in tables]
-    runner.reserve(first)
-    runner.forward(first)
-    samples = []
-    for i in range(repeats):
-        items = [ForwardItem(t, [5], 1) for t in tables]
-        runner.reserve(items)
-        _sync()
-        t0 = time.perf_counter()
-        runner.forward(items)
-        _sync()
-        samples.append(time.perf_counter() - t0)
-    del runner
-    return sorted(samples)[len(samples) // 2]
+def step_times(draft: LoadedModel, target: LoadedModel, context: int = 64, repeats: int = 30) -> dict:
+    """Seconds of the worker calls at batch 1 as the workers run them (graphs by default): a draft call of K steps,
+    a target decode (one token) and a verification of K proposals; the KV is rewound every call."""
+    greedy = WorkerSampling(0.0, 0, 1.0, 1)
+    ids = prompts(1)[0] * (context // PROMPT_LEN + 1)
+    proposer = DraftProposer(ModelRunner(draft, num_blocks=context // 16 + 8, prefix_caching=False))
+    proposer.prefill([DraftPrefill("s", ids[:context], greedy)])
+    verifier = TargetVerifier(ModelRunner(target, num_blocks=context // 16 + 8, prefix_caching=False))
+    verifier.prefill([TargetPrefill("s", ids[:context], greedy)])
+    drafts = ids[:K]
+    q = (torch.tensor(drafts)[:, None], torch.ones(K, 1))
+
+    def median(call):
+        call()
+        samples = []
+        for _ in range(repeats):
+            _sync()
+            t0 = time.perf_counter()
+            call()
+            samples.append(time.perf_counter() - t0)
+        return sorted(samples)[len(samples) // 2]
+
+    out = {"draft_call": median(lambda: proposer.propose([ProposeItem("s", context, [7], K)])),
+           "decode": median(lambda: verifier.verify([VerifyItem("s", context, [7])])),
+           "verify": median(lambda: verifier.verify([VerifyItem("s", context, [7], drafts, *q)]))}
+    del proposer, verifier
+    _empty_cache()
+    return out
+
+
+def hf_compiled_generate(hf_target, max_tokens: int) -> float:
+    """transformers' fastest single-stream path: a static KV cache with the forward under torch.compile
+    (mode reduce-overhead: CUDA graphs), greedy, batch 1. Tokens per second after two warm-up calls."""
+    ids = torch.tensor(prompts(1), device=DEVICE)
+    forward = hf_target.forward
+    hf_target.forward = torch.compile(forward, mode="reduce-overhead", fullgraph=True)
+    kwargs = dict(do_sample=False, eos_token_id=None, pad_token_id=0, cache_implementation="static")
+    try:
+        with torch.no_grad():
+            for _ in range(2):  # compiles, then captures
+                hf_target.generate(ids, max_new_tokens=max_tokens, min_new_tokens=max_tokens, **kwargs)
+            _sync()
+            t0 = time.perf_counter()
+            result = hf_target.generate(ids, max_new_tokens=max_tokens, min_new_tokens=max_tokens, **kwargs)
+            _sync()
+    finally:
+        hf_target.forward = forward
+    return (result.shape[1] - ids.shape[1]) / (time.perf_counter() - t0)
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -322,7 +362,8 @@ def main() -> None:
                         help="only in-process vs split at --split-alpha and --split-batches (e.g. on two GPUs)")
     parser.add_argument("--skip-check", action="store_true")
     parser.add_argument("--repeats", type=int, default=3, help="runs per configuration; the median is reported")
-    parser.add_argument("--eager-batches", default="1", help="batches to rerun without CUDA graphs ('' = none)")
+    parser.add_argument("--compiled-baseline", action="store_true",
+                        help="also time transformers generate with a static cache under torch.compile (slow to compile)")
     args = parser.parse_args()
     global REPEATS
     REPEATS = args.repeats
@@ -343,23 +384,24 @@ def main() -> None:
         hf_target = hf_random_model(size, seed=2)
         target = loaded_from_hf(hf_target, f"random-qwen2.5-{size}")
         log(f"built {size} in {time.perf_counter() - t_build:.1f}s")
-        t_draft, t_target = step_time(draft), step_time(target)
-        e_draft, e_target = step_time(draft, cuda_graphs=False), step_time(target, cuda_graphs=False)
-        c = t_draft / t_target
-        RESULTS.setdefault("step_ms", {})[size] = {"draft": 1000 * t_draft, "target": 1000 * t_target, "c": c,
-                                                   "draft_eager": 1000 * e_draft, "target_eager": 1000 * e_target,
-                                                   "c_eager": e_draft / e_target}
-        log(f"{size}: graphs: draft step {1000 * t_draft:.2f} ms, target step {1000 * t_target:.2f} ms, c = {c:.3f}; "
-            f"eager: {1000 * e_draft:.2f} / {1000 * e_target:.2f} ms")
+        times = step_times(draft, target)
+        c = times["draft_call"] / K / times["decode"]
+        RESULTS.setdefault("step_ms", {})[size] = {**{name: 1e3 * t for name, t in times.items()},
+                                                   "draft_per_step": 1e3 * times["draft_call"] / K, "c": c}
+        log(f"{size}: draft call {1e3 * times['draft_call']:.2f} ms ({1e3 * times['draft_call'] / K:.2f} per step), "
+            f"decode {1e3 * times['decode']:.2f} ms, verify k={K} {1e3 * times['verify']:.2f} ms, c = {c:.3f}")
 
         if args.split_only:
             split_only(args, size, hf_target, hf_draft, target, draft)
             continue
         hf = hf_generate(hf_target, hf_draft, args.max_tokens)
+        if args.compiled_baseline:
+            hf["transformers_static_compiled"] = hf_compiled_generate(hf_target, args.max_tokens)
         for name, tps in hf.items():
             RESULTS["rows"].append({"target": size, "mode": name, "batch": 1, "tokens_per_s_total": tps,
                                     "tokens_per_s_per_request": tps, "acceptance": "real (random weights)" if "assisted" in name else None})
         log(size, hf)
+        save(args.name)
         split_dirs = None
         if args.split_batches:
             root = Path(tempfile.mkdtemp(dir=os.environ.get("SPECSPLIT_BENCH_TMP")))
@@ -372,84 +414,49 @@ def main() -> None:
         gc.collect()
         _empty_cache()
 
-        config = CoordinatorConfig(max_num_seqs=256)
+        # Fixed k = 4 with synthetic acceptance (labelled), and target-only, in one engine.
+        config = CoordinatorConfig(max_num_seqs=256, speculation="fixed")
         engine = LocalEngine(target, draft, num_speculative_tokens=K, coordinator_config=config, prefix_caching=False)
         run_local(engine, 2, K, 16)  # warm-up (compiles kernels)
         run_local(engine, 2, 0, 16)
         baseline = {}
         for batch in batches:
+            run_local(engine, batch, 0, 8)  # captures this bucket's graphs before timing
             row = {"target": size, "mode": "target_only", "batch": batch, "k": 0, **run_local(engine, batch, 0, args.max_tokens)}
             baseline[batch] = row["tokens_per_s_total"]
             RESULTS["rows"].append(row)
             log(row)
             for alpha in alphas:
                 engine.verifier.synthetic_acceptance = alpha  # benchmark-only switch, labelled below
+                run_local(engine, batch, K, 8)
                 row = {"target": size, "mode": "speculative_in_process", "batch": batch, "k": K, "alpha": alpha,
                        "acceptance": "synthetic", **run_local(engine, batch, K, args.max_tokens)}
                 engine.verifier.synthetic_acceptance = None
                 row["speedup"] = row["tokens_per_s_total"] / baseline[batch]
                 row["bound"] = expected_tokens(alpha, K) / (1 + K * c)
                 row["share_of_bound"] = row["speedup"] / row["bound"]
+                row["c"] = c
                 RESULTS["rows"].append(row)
                 log(row)
-            # Speculation turned off by batch size (the coordinator's disable_speculation_batch_size): on at batch 1,
-            # off from 2 decoding sequences, since on this engine speculation loses to plain decoding there.
-            engine.coordinator.config.disable_speculation_batch_size = 2
-            engine.verifier.synthetic_acceptance = max(alphas)
-            row = {"target": size, "mode": "speculative_off_from_batch_2", "batch": batch, "k": K, "alpha": max(alphas),
-                   "acceptance": "synthetic", **run_local(engine, batch, K, args.max_tokens)}
-            engine.verifier.synthetic_acceptance = None
-            engine.coordinator.config.disable_speculation_batch_size = 0
-            row["speedup"] = row["tokens_per_s_total"] / baseline[batch]
-            RESULTS["rows"].append(row)
-            log(row)
             save(args.name)
         del engine
         gc.collect()
 
-        # The same engine without CUDA graphs, side by side in this run.
-        if args.eager_batches:
-            os.environ["SPECSPLIT_CUDA_GRAPHS"] = "0"
-            eager = LocalEngine(target, draft, num_speculative_tokens=K, prefix_caching=False,
-                                coordinator_config=CoordinatorConfig(max_num_seqs=256))
-            del os.environ["SPECSPLIT_CUDA_GRAPHS"]
-            run_local(eager, 2, K, 16)
-            run_local(eager, 2, 0, 16)
-            for batch in [int(b) for b in args.eager_batches.split(",")]:
-                row = {"target": size, "mode": "target_only_eager", "batch": batch, "k": 0,
-                       **run_local(eager, batch, 0, args.max_tokens)}
-                row["vs_graphs"] = row["tokens_per_s_total"] / baseline[batch] if batch in baseline else None
-                RESULTS["rows"].append(row)
-                log(row)
-                for alpha in alphas:
-                    eager.verifier.synthetic_acceptance = alpha
-                    row = {"target": size, "mode": "speculative_in_process_eager", "batch": batch, "k": K, "alpha": alpha,
-                           "acceptance": "synthetic", **run_local(eager, batch, K, args.max_tokens)}
-                    eager.verifier.synthetic_acceptance = None
-                    row["speedup"] = row["tokens_per_s_total"] / baseline[batch] if batch in baseline else None
-                    RESULTS["rows"].append(row)
-                    log(row)
-            del eager
-            gc.collect()
-            save(args.name)
-
-        # alpha = 1 for real: the target drafts for itself (c = 1), real rejection sampler, greedy.
-        self_engine = LocalEngine(target, target, num_speculative_tokens=K, prefix_caching=False,
-                                  coordinator_config=CoordinatorConfig(max_num_seqs=256))
-        run_local(self_engine, 2, K, 16)
-        for batch in batches[:2]:
-            row = {"target": size, "mode": "speculative_in_process_draft_is_target", "batch": batch, "k": K,
-                   "alpha": 1.0, "acceptance": "real", **run_local(self_engine, batch, K, args.max_tokens)}
-            measured = row["accepted_per_drafted"] or 0.0
+        # Adaptive speculation with the random draft for real (real rejection sampler; acceptance ~ 0): the policy
+        # must find that speculating cannot pay and stay at least as fast as target-only.
+        adaptive = LocalEngine(target, draft, num_speculative_tokens=K, prefix_caching=False,
+                               coordinator_config=CoordinatorConfig(max_num_seqs=256, speculation="adaptive"))
+        for batch in batches:
+            run_local(adaptive, batch, None, 32)  # the policy measures this batch size's costs
+            row = {"target": size, "mode": "adaptive_unrelated_draft", "batch": batch, "k": f"<={K}",
+                   "acceptance": "real (unrelated draft)", **run_local(adaptive, batch, None, args.max_tokens)}
             row["speedup"] = row["tokens_per_s_total"] / baseline[batch]
-            row["bound"] = expected_tokens(_per_token_alpha(measured, K), K) / (1 + K)  # c = 1
-            row["share_of_bound"] = row["speedup"] / row["bound"]
             RESULTS["rows"].append(row)
             log(row)
-        del self_engine
+            save(args.name)
+        del adaptive
         gc.collect()
         _empty_cache()
-        save(args.name)
 
         if split_dirs:
             devices = args.split_devices.split(",")
@@ -468,7 +475,8 @@ def main() -> None:
         _empty_cache()
 
     print_table(RESULTS["rows"], ["target", "mode", "batch", "alpha", "tokens_per_s_total", "tokens_per_s_per_request",
-                                  "tokens_per_round", "speedup", "bound", "share_of_bound", "split_cost_vs_in_process"])
+                                  "tokens_per_round", "accepted_per_drafted", "speedup", "bound", "share_of_bound",
+                                  "split_cost_vs_in_process"])
     print("step_ms:", RESULTS.get("step_ms"))
     print("correctness:", RESULTS.get("correctness"))
 

@@ -76,6 +76,49 @@ def timed(call, repeats: int) -> float:
     return statistics.median(samples)
 
 
+class HostClock:
+    """Where a call's host time goes: worker code before the graph cache, then inside it (staging and upload,
+    the replay launch, the wait for the result). Installed on a runner's GraphCache."""
+
+    def __init__(self, runner):
+        self.samples: list[tuple[float, float, float]] = []
+        cache = runner.graphs
+        original = cache.run
+
+        def run(key, program, host_inputs):
+            t0 = time.perf_counter()
+            step = cache.steps.get(key)
+            if step is None:
+                return original(key, program, host_inputs)
+            step.staging.numpy()[:] = host_inputs
+            with torch.cuda.device(cache.device):
+                stream = torch.cuda.current_stream(cache.device)
+                step.inputs.copy_(step.staging, non_blocking=True)
+                t1 = time.perf_counter()
+                step.graph.replay()
+                t2 = time.perf_counter()
+                step.result.copy_(step.output, non_blocking=True)
+                stream.synchronize()
+            self.samples.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+            self.entered = t0
+            return step.result.numpy()
+
+        cache.run = run
+
+    def summary(self, call, repeats: int) -> dict:
+        """Median of: worker host work before the cache (wall - time in the cache), upload, launch, wait."""
+        self.samples.clear()
+        before = []
+        for _ in range(repeats):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            call()
+            before.append(self.entered - t0)
+        upload, launch, wait = (statistics.median(s[i] for s in self.samples) for i in range(3))
+        return {"host_worker_ms": 1e3 * statistics.median(before), "host_upload_ms": 1e3 * upload,
+                "host_launch_ms": 1e3 * launch, "wait_ms": 1e3 * wait}
+
+
 def replay_time(runner, name: str, repeats: int = 50) -> float | None:
     """Median seconds of one replay of the graph the last call of `name` used (no host work around it)."""
     keys = [key for key in runner.graphs.steps if key[0] == name] if runner.graphs is not None else []
@@ -104,6 +147,7 @@ def bench_verifier(size, loaded, batches, contexts, bandwidth, sampling, repeats
     for context in contexts:
         for batch in batches:
             runner = ModelRunner(loaded, num_blocks=batch * (context // 16 + 4) + 8, prefix_caching=False)
+            clock = HostClock(runner)
             verifier = TargetVerifier(runner)
             handles = [f"s{i}" for i in range(batch)]
             verifier.prefill([TargetPrefill(h, prompt(context, i), sampling) for i, h in enumerate(handles)])
@@ -117,10 +161,11 @@ def bench_verifier(size, loaded, batches, contexts, bandwidth, sampling, repeats
                 call()
                 wall = timed(call, repeats)
                 replay = replay_time(runner, "verify")
+                breakdown = clock.summary(call, repeats)
                 row = {"model": size, "call": "decode" if k == 0 else f"verify k={k}", "batch": batch,
                        "context": context, "sampling": "greedy" if sampling.greedy else "sampled",
                        "wall_ms": 1e3 * wall, "replay_ms": 1e3 * replay if replay else None,
-                       "host_ms": 1e3 * (wall - replay) if replay else None}
+                       "host_ms": 1e3 * (wall - replay) if replay else None, **breakdown}
                 if k == 0:
                     floor = (weights + batch * (context + 1) * kv_bytes_per_token(loaded.config)) / bandwidth
                     row.update(floor_ms=1e3 * floor, share_of_floor=floor / replay if replay else None,
@@ -134,6 +179,7 @@ def bench_verifier(size, loaded, batches, contexts, bandwidth, sampling, repeats
 def bench_proposer(size, loaded, batches, bandwidth, sampling, repeats, context=64):
     for batch in batches:
         runner = ModelRunner(loaded, num_blocks=batch * (context // 16 + 4) + 8, prefix_caching=False)
+        clock = HostClock(runner)
         proposer = DraftProposer(runner)
         handles = [f"s{i}" for i in range(batch)]
         proposer.prefill([DraftPrefill(h, prompt(context, i), sampling) for i, h in enumerate(handles)])
@@ -142,11 +188,12 @@ def bench_proposer(size, loaded, batches, bandwidth, sampling, repeats, context=
         call()
         wall = timed(call, repeats)
         replay = replay_time(runner, "draft")
+        breakdown = clock.summary(call, repeats)
         floor = weight_bytes(loaded.model) / bandwidth
         row = {"model": size, "call": f"draft k={K}", "batch": batch, "context": context,
                "sampling": "greedy" if sampling.greedy else "sampled", "wall_ms": 1e3 * wall,
                "replay_ms": 1e3 * replay if replay else None, "host_ms": 1e3 * (wall - replay) if replay else None,
-               "per_step_ms": 1e3 * (replay or wall) / K, "floor_ms_per_step": 1e3 * floor}
+               "per_step_ms": 1e3 * (replay or wall) / K, "floor_ms_per_step": 1e3 * floor, **breakdown}
         ROWS.append(row)
         log(row)
         del proposer, runner
@@ -232,8 +279,9 @@ def main() -> None:
         torch.cuda.empty_cache()
     extra["profiles"] = profiles
     write_results(f"gpu_steps{args.name}", ROWS, extra)
-    print_table(ROWS, ["model", "call", "batch", "context", "sampling", "wall_ms", "replay_ms", "host_ms", "floor_ms",
-                       "share_of_floor", "per_step_ms", "floor_ms_per_step"])
+    print_table(ROWS, ["model", "call", "batch", "context", "sampling", "wall_ms", "replay_ms", "host_ms",
+                       "host_worker_ms", "host_upload_ms", "host_launch_ms", "wait_ms", "floor_ms", "share_of_floor",
+                       "per_step_ms"])
 
 
 if __name__ == "__main__":

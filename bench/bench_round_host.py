@@ -60,14 +60,17 @@ def instant_steps(runner):
     runner.run_step = run_step
 
 
-def tokenizer():
-    from specsplit.services.models.prepare import prepared_path
-
-    folder = prepared_path("qwen2.5-coder-1.5b-instruct")
-    if folder is None:
-        raise SystemExit("prepare the built-in target first (specsplit models prepare qwen2.5-coder-1.5b-instruct)")
+def tokenizer(folder: str | None):
+    """The Qwen2.5 tokenizer: from `folder` (tokenizer files only will do), else the prepared built-in target."""
     from transformers import AutoTokenizer
 
+    if folder is None:
+        from specsplit.services.models.prepare import prepared_path
+
+        folder = prepared_path("qwen2.5-coder-1.5b-instruct")
+        if folder is None:
+            raise SystemExit("prepare the built-in target (specsplit models prepare qwen2.5-coder-1.5b-instruct) "
+                             "or pass --tokenizer")
     return AutoTokenizer.from_pretrained(folder)
 
 
@@ -91,10 +94,11 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--name", default="")
+    parser.add_argument("--tokenizer", default=None, help="folder with the Qwen2.5 tokenizer files")
     args = parser.parse_args()
     root = Path(__import__("tempfile").mkdtemp())
     model = save_model(build_model("qwen2", seed=0, vocab_size=VOCAB), root / "model", with_tokenizer=False)
-    tok = tokenizer()
+    tok = tokenizer(args.tokenizer)
     rows = []
     for k in (0, 4):
         engine = LocalEngine(str(model), str(model) if k else None, num_speculative_tokens=max(k, 1),

@@ -184,7 +184,10 @@ class Coordinator:
             needs_draft = [s for s in live if self._wants_draft(s) and not s.draft_prefilled]
             decoding = [s for s in live if s.prefilled]
             try:
-                await asyncio.gather(self._prefill_targets(needs_target), self._attach_drafts(needs_draft), self._round(decoding))
+                phases = [phase(group) for phase, group in ((self._prefill_targets, needs_target),
+                                                            (self._attach_drafts, needs_draft), (self._round, decoding))
+                          if group]
+                await _all(phases)
             except Exception:  # a bug in one round must not take every request down with the loop
                 log.exception("round failed")
                 for sequence in live:
@@ -291,7 +294,7 @@ class Coordinator:
             for client, group in _group(proposing, lambda s: s.draft)
         ]
         proposals = {}
-        for group_results in await asyncio.gather(*propose_calls):
+        for group_results in await _all(propose_calls):
             for sequence, proposal in group_results:
                 if isinstance(proposal, Exception):
                     self._on_draft_error(sequence, proposal)  # this round goes on without proposals
@@ -303,7 +306,7 @@ class Coordinator:
             self._call(client, "verify", [self._verify_item(s, proposals.get(s)) for s in group], group)
             for client, group in _group(live, lambda s: s.target)
         ]
-        for group_results in await asyncio.gather(*verify_calls):
+        for group_results in await _all(verify_calls):
             for sequence, verdict in group_results:
                 if sequence.finished:
                     continue
@@ -516,6 +519,14 @@ class Coordinator:
         except Exception as error:
             results = [error] * len(items)
         return list(zip(sequences, results))
+
+
+async def _all(coroutines: list) -> list:
+    """Await one phase's calls: a lone call directly (a task per call costs event-loop turns every round), several
+    concurrently."""
+    if len(coroutines) == 1:
+        return [await coroutines[0]]
+    return await asyncio.gather(*coroutines)
 
 
 def _follows_policy(params) -> bool:

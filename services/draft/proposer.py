@@ -110,17 +110,15 @@ class DraftProposer:
             "k": [k for _, _, k, _ in batch], **sampling_fields(params),
         }, [sequence.table for _, sequence, _, _ in batch])
 
-        out = packed.reshape(-1, steps, 1 + 2 * support)
+        out = packed.reshape(-1, steps, 1 + 2 * support)[: len(batch)]
+        tokens = out[:, :, 0].tolist()
+        # The whole batch's q as two tensors; each sequence gets views of its rows.
+        q_ids = torch.from_numpy(out[:, :, 1 : 1 + support].astype(np.int64))
+        q_probs = torch.from_numpy(np.ascontiguousarray(out[:, :, 1 + support :]).view(np.float32))
         for b, (i, sequence, k, _) in enumerate(batch):
-            # Greedy sequences send q as the one-hot it is: one support entry.
-            width = 1 if sequence.sampling.greedy else support
-            rows = out[b, :k]
-            results[i] = Proposal(
-                token_ids=rows[:, 0].tolist(),
-                q_token_ids=torch.from_numpy(rows[:, 1 : 1 + width].astype(np.int64)),
-                q_probs=torch.from_numpy(rows[:, 1 + support : 1 + support + width].view(np.float32).copy()),
-                num_cached=sequence.table.num_tokens,
-            )
+            width = 1 if sequence.sampling.greedy else support  # greedy: q is the one-hot it is, one entry
+            results[i] = Proposal(tokens[b][:k], q_ids[b, :k, :width], q_probs[b, :k, :width],
+                                  sequence.table.num_tokens)
         return results
 
     def _reserve(self, sequence: WorkerSequence, delta: int, k: int) -> int:

@@ -9,6 +9,7 @@ tensor that comes back with one copy. A batch smaller than its bucket is padded 
 to a scratch block.
 """
 
+import gc
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,9 +65,15 @@ class GraphCache:
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             # An explicit capture stream on this device: torch's default one is made once, on whichever device was
-            # current at the first capture in the process.
-            with torch.inference_mode(), torch.cuda.graph(graph, pool=self.pool, stream=self.capture_stream):
-                output = program(inputs)
+            # current at the first capture in the process. No garbage collection while capturing: freeing another
+            # graph (say, of a runner that was dropped) is not permitted then and would invalidate this capture.
+            gc.collect()
+            gc.disable()
+            try:
+                with torch.inference_mode(), torch.cuda.graph(graph, pool=self.pool, stream=self.capture_stream):
+                    output = program(inputs)
+            finally:
+                gc.enable()
         step = CapturedStep(
             graph=graph,
             inputs=inputs,

@@ -11,7 +11,6 @@ import numpy as np
 import torch
 
 from specsplit.services.kv.block_manager import BlockTable
-from specsplit.services.runtime.host_transfer import to_device
 
 
 class DeviceBlockTables:
@@ -22,6 +21,8 @@ class DeviceBlockTables:
         self.on_grow = on_grow  # called after the tensor is replaced (captured graphs held the old one)
         self._allocate(rows)
         self._free_rows: list[int] = list(range(rows - 1, -1, -1))
+        self._staging: torch.Tensor | None = None  # pinned host buffer for the entries a call uploads
+        self._staged: torch.cuda.Event | None = None
 
     @property
     def padding_row(self) -> int:
@@ -43,10 +44,27 @@ class DeviceBlockTables:
                 changed_ids.append(table.block_ids[first:])
                 table.first_unsynced = count
         if changed_rows:
-            update = to_device(np.stack([np.concatenate(changed_rows), np.concatenate(changed_cols),
-                                         np.concatenate(changed_ids)]), torch.int64, self.device)
-            self.tables[update[0], update[1]] = update[2].to(torch.int32)
+            self._apply(np.concatenate(changed_rows), np.concatenate(changed_cols), np.concatenate(changed_ids))
         return rows
+
+    def _apply(self, rows: np.ndarray, cols: np.ndarray, ids: np.ndarray) -> None:
+        """tables[rows, cols] = ids on the device: one copy of the three columns, one scatter."""
+        count = len(rows)
+        if self.device.type != "cuda":
+            self.tables[torch.from_numpy(rows), torch.from_numpy(cols)] = torch.from_numpy(ids).to(torch.int32)
+            return
+        if self._staging is None or self._staging.numel() < 3 * count:
+            self._staging = torch.empty(max(3 * count, 2 * (0 if self._staging is None else self._staging.numel())),
+                                        dtype=torch.int64, pin_memory=True)
+        # The staging buffer is reused: wait for the copy of the previous call before overwriting it.
+        if self._staged is not None:
+            self._staged.synchronize()
+        staging = self._staging[: 3 * count]  # contiguous, so the copy below stays asynchronous
+        staging.numpy().reshape(3, count)[:] = (rows, cols, ids)
+        update = staging.to(self.device, non_blocking=True).view(3, count)
+        self._staged = torch.cuda.Event()
+        self._staged.record(torch.cuda.current_stream(self.device))
+        self.tables[update[0], update[1]] = update[2].to(torch.int32)
 
     def release(self, table: BlockTable) -> None:
         """The sequence is gone: its row is free (stale entries are overwritten before the row is read again)."""

@@ -19,8 +19,8 @@ def cluster(tiny_pair):
         })
         a = c.addresses
         c.start({
-            "one_target": ["coordinator", "--target", a["target_a"], "--draft", f"{a['draft_a']},{a['draft_b']}", "--host", "127.0.0.1", "--port", "0", "-k", "4", "--metrics-port", "-1"],
-            "two_targets": ["coordinator", "--target", f"{a['target_a']},{a['target_b']}", "--draft", a["draft_a"], "--host", "127.0.0.1", "--port", "0", "-k", "4", "--metrics-port", "-1"],
+            "one_target": ["coordinator", "--target", a["target_a"], "--draft", f"{a['draft_a']},{a['draft_b']}", "--host", "127.0.0.1", "--port", "0", "-k", "4", "--speculation", "fixed", "--metrics-port", "-1"],
+            "two_targets": ["coordinator", "--target", f"{a['target_a']},{a['target_b']}", "--draft", a["draft_a"], "--host", "127.0.0.1", "--port", "0", "-k", "4", "--speculation", "fixed", "--metrics-port", "-1"],
         })
         yield c
     finally:

@@ -50,7 +50,7 @@ def faulty(tiny_pair):
         c.start(dict(c.worker_argv))
         a = c.addresses
         c.start({"coordinator": ["coordinator", "--target", f"{a['target_a']},{a['target_b']}", "--draft", f"{a['draft_a']},{a['draft_b']}",
-                                 "--host", "127.0.0.1", "--port", "0", "-k", "4", "--metrics-port", "-1", "--replica-recovery-seconds", "30"]})
+                                 "--host", "127.0.0.1", "--port", "0", "-k", "4", "--speculation", "fixed", "--metrics-port", "-1", "--replica-recovery-seconds", "30"]})
         yield c
     finally:
         c.stop()
