@@ -29,6 +29,7 @@ from specsplit.services.target.verifier import TargetPrefill, TargetVerifier, Ve
 
 K = 4
 ROWS: list[dict] = []
+PROFILE_HOST = False
 
 
 def log(*args):
@@ -77,8 +78,8 @@ def timed(call, repeats: int) -> float:
 
 
 class HostClock:
-    """Where a call's host time goes: worker code before the graph cache, then inside it (staging and upload,
-    the replay launch, the wait for the result). Installed on a runner's GraphCache."""
+    """Where a call's host time goes: worker code before the graph cache, then inside it (staging the inputs,
+    the replay launch with its copies, the wait for the result). Installed on a runner's GraphCache."""
 
     def __init__(self, runner):
         self.samples: list[tuple[float, float, float]] = []
@@ -93,11 +94,13 @@ class HostClock:
             step.staging.numpy()[:] = host_inputs
             with torch.cuda.device(cache.device):
                 stream = torch.cuda.current_stream(cache.device)
-                step.inputs.copy_(step.staging, non_blocking=True)
+                if not step.copies_inside:
+                    step.inputs.copy_(step.staging, non_blocking=True)
                 t1 = time.perf_counter()
                 step.graph.replay()
+                if not step.copies_inside:
+                    step.result.copy_(step.output, non_blocking=True)
                 t2 = time.perf_counter()
-                step.result.copy_(step.output, non_blocking=True)
                 stream.synchronize()
             self.samples.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
             self.entered = t0
@@ -117,6 +120,20 @@ class HostClock:
         upload, launch, wait = (statistics.median(s[i] for s in self.samples) for i in range(3))
         return {"host_worker_ms": 1e3 * statistics.median(before), "host_upload_ms": 1e3 * upload,
                 "host_launch_ms": 1e3 * launch, "wait_ms": 1e3 * wait}
+
+
+def host_profile(name: str, call, repeats: int = 30) -> None:
+    """cProfile of `repeats` calls: where the host time of a call goes (printed, top functions by own time)."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(repeats):
+        call()
+    profiler.disable()
+    log(f"host profile: {name}, {repeats} calls")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(18)
 
 
 def replay_time(runner, name: str, repeats: int = 50) -> float | None:
@@ -142,7 +159,7 @@ def prompt(length: int, seed: int) -> list[int]:
     return torch.randint(0, 151936, (length,), generator=g).tolist()
 
 
-def bench_verifier(size, loaded, batches, contexts, bandwidth, sampling, repeats):
+def bench_verifier(size, loaded, batches, contexts, bandwidth, sampling, repeats, steps=(0, K)):
     weights = weight_bytes(loaded.model)
     for context in contexts:
         for batch in batches:
@@ -151,7 +168,7 @@ def bench_verifier(size, loaded, batches, contexts, bandwidth, sampling, repeats
             verifier = TargetVerifier(runner)
             handles = [f"s{i}" for i in range(batch)]
             verifier.prefill([TargetPrefill(h, prompt(context, i), sampling) for i, h in enumerate(handles)])
-            for k in (0, K):
+            for k in steps:
                 # Proposals from the target's own distribution would be accepted; any tokens do for timing, and the
                 # KV is rewound to the context every call so each call does the same work.
                 drafts = prompt(k, 99)
@@ -162,6 +179,8 @@ def bench_verifier(size, loaded, batches, contexts, bandwidth, sampling, repeats
                 wall = timed(call, repeats)
                 replay = replay_time(runner, "verify")
                 breakdown = clock.summary(call, repeats)
+                if PROFILE_HOST and batch in (1, 32) and context == contexts[0]:
+                    host_profile(f"{size} verify k={k} batch {batch}", call)
                 row = {"model": size, "call": "decode" if k == 0 else f"verify k={k}", "batch": batch,
                        "context": context, "sampling": "greedy" if sampling.greedy else "sampled",
                        "wall_ms": 1e3 * wall, "replay_ms": 1e3 * replay if replay else None,
@@ -189,6 +208,8 @@ def bench_proposer(size, loaded, batches, bandwidth, sampling, repeats, context=
         wall = timed(call, repeats)
         replay = replay_time(runner, "draft")
         breakdown = clock.summary(call, repeats)
+        if PROFILE_HOST and batch == 1:
+            host_profile(f"{size} draft k={K} batch {batch}", call)
         floor = weight_bytes(loaded.model) / bandwidth
         row = {"model": size, "call": f"draft k={K}", "batch": batch, "context": context,
                "sampling": "greedy" if sampling.greedy else "sampled", "wall_ms": 1e3 * wall,
@@ -228,10 +249,14 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8,32,64")
     parser.add_argument("--draft-batches", default="1,8,32")
     parser.add_argument("--contexts", default="64")
+    parser.add_argument("--long-contexts", default="4096,16384", help="decode at batch 1 with these contexts too")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--profile-host", action="store_true", help="cProfile the host side of some calls")
     parser.add_argument("--name", default="")
     args = parser.parse_args()
+    global PROFILE_HOST
+    PROFILE_HOST = args.profile_host
     batches = [int(b) for b in args.batches.split(",") if b]
     contexts = [int(c) for c in args.contexts.split(",") if c]
     bandwidth = copy_bandwidth()
@@ -263,6 +288,9 @@ def main() -> None:
         torch.cuda.empty_cache()
         extra.setdefault("weight_bytes", {})[size] = weight_bytes(target.model)
         bench_verifier(size, target, batches, contexts, bandwidth, greedy, args.repeats)
+        long_contexts = [int(c) for c in args.long_contexts.split(",") if c]
+        if long_contexts:
+            bench_verifier(size, target, [1], long_contexts, bandwidth, greedy, args.repeats, steps=(0,))
         bench_verifier(size, target, [1, 8], contexts[:1], bandwidth, sampled, args.repeats)
         if args.profile:
             import os

@@ -18,6 +18,7 @@ import torch
 
 from specsplit.kernels.counter_rng import STREAM_DRAFT
 from specsplit.kernels.dispatch import counter_uniform
+from specsplit.services.runtime.device_block_tables import UPDATE_SLOTS
 from specsplit.services.runtime.step_inputs import Field, StepLayout
 from specsplit.services.sampling.draft_distribution import sample_sparse, sparse_draft_distribution
 from specsplit.services.sampling.logits_processing import SamplingFlags, processed_probs
@@ -38,7 +39,8 @@ class DraftSteps:
     @staticmethod
     def layout(shape: DraftShape, rows: int) -> StepLayout:
         return StepLayout((
-            Field("row"), Field("start"), Field("n_delta", pad=1), Field("delta", shape.catch_up), Field("k"),
+            Field("row"), Field("update_col", UPDATE_SLOTS, pad=-1), Field("update_id", UPDATE_SLOTS),
+            Field("start"), Field("n_delta", pad=1), Field("delta", shape.catch_up), Field("k"),
             Field("temperature", is_float=True), Field("top_k"), Field("top_p", is_float=True, pad=1.0),
             Field("seed"),
         ), rows)

@@ -129,17 +129,20 @@ class ModelRunner:
         """Run a step program over the sequences of `tables`: `values` are its per-sequence input fields (numpy,
         one row per table); returns its packed result (numpy, one row per padded sequence, the real ones first).
         On a GPU with graphs: one upload, one replay, one copy back."""
-        rows = self.block_tables.rows(tables)
         bucket = bucket_for(len(tables)) if self.graphs is not None else None
         layout = program.layout(shape, bucket or len(tables))
-        host = layout.pack({**values, "row": rows}, np.empty(layout.size, dtype=np.int64))
+        host = layout.pack({**values, **self.block_tables.sync(tables)}, np.empty(layout.size, dtype=np.int64))
         if bucket is not None:
-            host[layout.offsets["row"] + len(tables) : layout.offsets["row"] + bucket] = self.block_tables.padding_row
             key = (program.name, shape, bucket)
-            return self.graphs.run(key, lambda inputs: program.run(self, shape, layout.unpack(inputs)), host)
+            return self.graphs.run(key, lambda inputs: self._run_program(program, shape, layout, inputs), host)
         with torch.inference_mode():
             inputs = torch.from_numpy(host).to(self.device)
-            return program.run(self, shape, layout.unpack(inputs)).cpu().numpy()
+            return self._run_program(program, shape, layout, inputs).cpu().numpy()
+
+    def _run_program(self, program, shape, layout, inputs: torch.Tensor) -> torch.Tensor:
+        fields = layout.unpack(inputs)
+        self.block_tables.apply(fields["row"], fields["update_col"], fields["update_id"])
+        return program.run(self, shape, fields)
 
     def forward_rows(self, tokens: torch.Tensor, start: torch.Tensor, write: torch.Tensor, tables: torch.Tensor,
                      max_context: int) -> torch.Tensor:

@@ -20,6 +20,7 @@ import torch
 
 from specsplit.kernels.counter_rng import STREAM_ACCEPT, STREAM_SAMPLE
 from specsplit.kernels.dispatch import counter_uniform, rejection_sample
+from specsplit.services.runtime.device_block_tables import UPDATE_SLOTS
 from specsplit.services.runtime.step_inputs import Field, StepLayout
 from specsplit.services.sampling.logits_processing import SamplingFlags, processed_probs
 from specsplit.services.sampling_params import MAX_LOGPROBS
@@ -49,7 +50,8 @@ class VerifySteps:
 
     @staticmethod
     def layout(shape: VerifyShape, rows: int) -> StepLayout:
-        fields = [Field("row"), Field("start"), Field("n_delta", pad=1), Field("tokens", shape.width), Field("k"),
+        fields = [Field("row"), Field("update_col", UPDATE_SLOTS, pad=-1), Field("update_id", UPDATE_SLOTS),
+                  Field("start"), Field("n_delta", pad=1), Field("tokens", shape.width), Field("k"),
                   Field("temperature", is_float=True), Field("top_k"), Field("top_p", is_float=True, pad=1.0),
                   Field("seed")]
         if not shape.greedy and shape.steps:
