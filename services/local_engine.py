@@ -45,12 +45,14 @@ class LocalEngine:
         draft_weights: str = "auto",
         prefix_caching: bool = True,
         speculation: str = "adaptive",
+        warm_up: bool = True,
     ):
         """`synthetic_acceptance`: BENCHMARK ONLY, not lossless (services/target/synthetic_acceptance.py).
         `target_weights` / `draft_weights`: how each model's linear layers hold weights (models/weight_formats.py);
         a target-only engine (no draft) turns "auto" into dense, the fastest layout for one row at a time.
         `speculation`: "adaptive" (k per round, up to num_speculative_tokens) or "fixed" (always that k); a given
-        `coordinator_config` keeps its own."""
+        `coordinator_config` keeps its own. `warm_up`: on a GPU, capture the rounds' graphs before the first request
+        (a few seconds) instead of when each shape first comes up."""
         if num_speculative_tokens < 0:
             raise InvalidArgument(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
         self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype, device)
@@ -72,6 +74,11 @@ class LocalEngine:
                                             prefix_caching=prefix_caching)
             self.proposer = DraftProposer(self.draft_runner, support_size=draft_support)
             drafts = [ReplicaPool("default", [LocalDraftClient(self.proposer)])]
+        if warm_up:
+            k = max(num_speculative_tokens, 1) if self.draft is not None else 0
+            self.verifier.warm_up(max_k=k)
+            if self.proposer is not None:
+                self.proposer.warm_up(max_k=k)
         config = coordinator_config or CoordinatorConfig(speculation=speculation)
         config.num_speculative_tokens = num_speculative_tokens if self.draft is not None else 0
         self.coordinator = Coordinator(targets, drafts, self.target.tokenizer, self.target.config.eos_token_ids, config)

@@ -28,6 +28,9 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
         p.add_argument("--weights", default="auto", choices=WEIGHT_FORMATS,
                        help="how linear weights are held on the CPU: auto = " + ("int8 (drafts only)" if role == "draft" else "packed")
                        + " for float32 on the CPU, dense elsewhere; dense is fastest for target-only decoding at batch 1")
+        p.add_argument("--warm-up-k", type=int, default=4, metavar="K",
+                       help="on a GPU, capture the CUDA graphs of rounds with up to K proposals before listening "
+                       "(a few seconds; 0 = capture each shape when it first comes up)")
         p.add_argument("--tensor-parallel-size", type=int, default=1,
                        help="GPUs to shard the model over (only 1 is available in this version)")
         add_server_tls_args(p)
@@ -118,7 +121,7 @@ def _run_worker(args) -> int:
     if args.tensor_parallel_size != 1:
         raise SystemExit("specsplit: error: tensor parallelism (--tensor-parallel-size > 1) is not available in this version")
     options = dict(dtype=args.dtype, device=args.device, num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
-                   weight_format=args.weights, prefix_caching=args.prefix_caching)
+                   weight_format=args.weights, prefix_caching=args.prefix_caching, warm_up_k=args.warm_up_k)
     if args.role == "draft":
         options["draft_support"] = args.draft_support
     elif args.synthetic_acceptance is not None:

@@ -17,12 +17,16 @@ import numpy as np
 import torch
 
 from specsplit.services.draft.draft_steps import DraftShape, DraftSteps
+from specsplit.services.runtime.cuda_graphs import BATCH_BUCKETS
 from specsplit.services.errors import InvalidArgument, KVCacheFull
 from specsplit.services.runtime.model_runner import ForwardItem, ModelRunner
 from specsplit.services.runtime.worker_sequences import WorkerSampling, WorkerSequence, WorkerSequences
 from specsplit.services.sampling.batch_sampling import sampling_flags, sampling_fields
 
-MAX_CATCH_UP = 4  # catch-up tokens a step program takes per sequence; longer deltas run their head eagerly first
+# Catch-up widths a step program takes per sequence (a delta is padded to the next one); a longer delta runs its head
+# eagerly first. Up to 64: after rounds the speculation policy ran without the draft, the catch-up is that long.
+CATCH_UP_SIZES = (2, 4, 8, 16, 32, 64)
+MAX_CATCH_UP = CATCH_UP_SIZES[-1]
 
 
 @dataclass
@@ -97,7 +101,7 @@ class DraftProposer:
         steps = max(max(k for _, _, k, _ in batch), 1)
         greedy = all(sequence.sampling.greedy for _, sequence, _, _ in batch)
         support = 1 if greedy else min(self.support_size, self.runner.vocab_size)
-        catch_up = max(len(delta) for _, _, _, delta in batch)
+        catch_up = self.runner.shape_size(max(len(delta) for _, _, _, delta in batch), CATCH_UP_SIZES)
         starts = np.array([sequence.table.num_tokens - len(delta) - max(k - 1, 0) for _, sequence, k, delta in batch])
         deltas = np.zeros((len(batch), catch_up), dtype=np.int64)
         for b, (_, _, _, delta) in enumerate(batch):
@@ -147,6 +151,26 @@ class DraftProposer:
             start = sequence.table.num_tokens - len(delta) - max(k - 1, 0)
             heads.append(ForwardItem(_TableView(sequence.table, start + len(head)), head, 0))
         self.runner.forward_flat(heads)
+
+    def warm_up(self, max_batch: int = 64, max_k: int = 4, sampled: bool = True) -> int:
+        """Capture the step programs a round is likely to run (every batch bucket up to `max_batch`, every k up to
+        `max_k`, catch-ups of up to two tokens, greedy and plain-temperature sampling) before serving, so no request
+        waits for a capture. A no-op without graphs. Returns the graphs captured."""
+        graphs = self.runner.graphs
+        if graphs is None:
+            return 0
+        before = len(graphs.steps)
+        settings = [WorkerSampling(0.0, 0, 1.0, 0)] + ([WorkerSampling(1.0, 0, 1.0, 0)] if sampled else [])
+        for bucket in (b for b in BATCH_BUCKETS if b <= max_batch):
+            for sampling in settings:
+                handles = [f"warm-up-{i}" for i in range(bucket)]
+                if self.runner.block_manager.num_free_blocks < 2 * bucket + 2:
+                    break  # a cache this small serves few sequences: capture the rest when they come
+                self.prefill([DraftPrefill(h, [0, 0], sampling) for h in handles])
+                for k in range(1, max_k + 1):
+                    self.propose([ProposeItem(h, 2, [0, 0], k) for h in handles])
+                self.release(handles)
+        return len(graphs.steps) - before
 
     def release(self, handles: list[str]) -> int:
         return sum(self.sequences.release(h) for h in handles)

@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 
 def build_worker_service(role: str, model: str, dtype="float32", device="cpu", num_kv_blocks=None, block_size=16, draft_support=32,
-                         synthetic_acceptance=None, weight_format="auto", prefix_caching=True):
+                         synthetic_acceptance=None, weight_format="auto", prefix_caching=True, warm_up_k=4):
     loaded = load_model(model, dtype, device)
     use_weight_format(loaded, weight_format, role)
     runner = ModelRunner(loaded, num_blocks=num_kv_blocks, block_size=block_size, prefix_caching=prefix_caching)
@@ -23,13 +23,26 @@ def build_worker_service(role: str, model: str, dtype="float32", device="cpu", n
         from specsplit.services.draft.proposer import DraftProposer
         from specsplit.services.draft.server import DraftService
 
-        return DraftService(DraftProposer(runner, support_size=draft_support), loaded.name), "specsplit.v1.DraftWorker"
+        proposer = DraftProposer(runner, support_size=draft_support)
+        _warm_up(proposer, warm_up_k)
+        return DraftService(proposer, loaded.name), "specsplit.v1.DraftWorker"
     from specsplit.services.target.server import TargetService
     from specsplit.services.target.verifier import TargetVerifier
 
     # synthetic_acceptance is for benchmarks only (not lossless); the verifier logs a loud warning when it is set.
     verifier = TargetVerifier(runner, synthetic_acceptance=synthetic_acceptance)
+    _warm_up(verifier, warm_up_k)
     return TargetService(verifier, loaded.name), "specsplit.v1.TargetWorker"
+
+
+def _warm_up(worker, max_k: int) -> None:
+    """On a GPU, capture the rounds' graphs before listening (none to capture on the CPU)."""
+    if max_k > 0 and worker.runner.graphs is not None:
+        import time
+
+        started = time.perf_counter()
+        captured = worker.warm_up(max_k=max_k)
+        log.warning("captured %d CUDA graphs for up to k=%d in %.1f s", captured, max_k, time.perf_counter() - started)
 
 
 async def serve_worker(role: str, model: str, host: str, port: int, lease_seconds: float = 600.0, metrics_port: int = -1,

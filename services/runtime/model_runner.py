@@ -28,6 +28,7 @@ from specsplit.services.runtime.device_block_tables import DeviceBlockTables
 from specsplit.services.runtime.host_transfer import to_device
 
 CUDA_GRAPHS_ENV = "SPECSPLIT_CUDA_GRAPHS"  # "0" turns them off (benchmarks compare both)
+CONTEXT_CLASSES = (256, 2048)  # then the served context
 
 
 @dataclass
@@ -167,11 +168,20 @@ class ModelRunner:
         return self.model(tokens.reshape(-1), positions.reshape(-1), meta, self.cache.layers)
 
     def context_bound(self, longest: int) -> int:
-        """The context length a step's attention is sized for: with graphs a power of two (one graph serves every
-        length up to it, and short contexts get a kernel without split-KV overhead), else the exact length."""
+        """The context length a step's attention is sized for. With graphs one of three classes: one graph serves
+        every length up to its bound (the attention kernel sizes its KV splits from the real length on the device),
+        and contexts of at most 256 tokens get a kernel without split-KV overhead. Eager: the exact length."""
         if self.graphs is None:
             return longest
-        return min(max(256, 1 << (longest - 1).bit_length()), self.max_model_len + PADDING_POSITIONS)
+        limit = self.max_model_len + PADDING_POSITIONS
+        return next((c for c in CONTEXT_CLASSES if longest <= c), limit) if longest <= limit else longest
+
+    def shape_size(self, needed: int, sizes: tuple[int, ...]) -> int:
+        """With graphs, the smallest of `sizes` that holds `needed` (fewer shapes: fewer graphs to capture, and one
+        captured before serving covers more calls); eager, `needed` itself."""
+        if self.graphs is None:
+            return needed
+        return next((size for size in sizes if size >= needed), needed)
 
     def release(self, table: BlockTable) -> None:
         """A sequence is gone: free its KV blocks and its row of the device block tables."""

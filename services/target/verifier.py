@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from specsplit.services.errors import InvalidArgument
+from specsplit.services.runtime.cuda_graphs import BATCH_BUCKETS
 from specsplit.services.runtime.model_runner import ForwardItem, ModelRunner
 from specsplit.services.runtime.worker_sequences import WorkerSampling, WorkerSequence, WorkerSequences
 from specsplit.services.sampling.batch_sampling import sampling_fields, sampling_flags
@@ -130,9 +131,11 @@ class TargetVerifier:
         batch_items = [items[i] for i, _, _ in batch]
         sequences = [sequence for _, sequence, _ in batch]
         steps = max(len(item.draft_token_ids) for item in batch_items)
-        width = max(len(item.delta) + len(item.draft_token_ids) for item in batch_items)
+        steps = self.runner.shape_size(steps, STEP_SIZES) if steps else 0
+        width = steps + self.runner.shape_size(max(len(item.delta) for item in batch_items), STEP_SIZES)
         sampled = [item for item, s in zip(batch_items, sequences) if not s.sampling.greedy and item.draft_token_ids]
-        support = max([item.q_token_ids.shape[1] for item in sampled] or [1])
+        support = max([item.q_token_ids.shape[1] for item in sampled] or [1], default=1)
+        support = self.runner.shape_size(support, SUPPORT_SIZES)
         starts = np.array([start for _, _, start in batch], dtype=np.int64)
         shape = self._shape(sequences, [item.logprobs for item in batch_items], width, steps, support,
                             int(starts.max()) + width)
@@ -145,14 +148,37 @@ class TargetVerifier:
                   **sampling_fields([s.sampling for s in sequences])}
         if not shape.greedy and steps:
             rows = [b for b, (i, _) in enumerate(checked) if results[i] is None]
-            fields["q_ids"] = q.ids[rows, :steps, :support].reshape(len(rows), -1)
-            fields["q_probs"] = q.probs[rows, :steps, :support].reshape(len(rows), -1)
+            fields["q_ids"] = _widen(q.ids[rows], steps, support).reshape(len(rows), -1)
+            fields["q_probs"] = _widen(q.probs[rows], steps, support).reshape(len(rows), -1)
         packed = self.runner.run_step(VerifySteps, shape, fields, [s.table for s in sequences])
 
         for b, (i, sequence, start) in enumerate(batch):
             item = items[i]
             results[i] = self._verdict(packed[b], sequence, start + len(item.delta), steps, item.logprobs)
         return results
+
+    def warm_up(self, max_batch: int = 64, max_k: int = 4, sampled: bool = True) -> int:
+        """Capture the verifications a round is likely to run (every batch bucket up to `max_batch`, plain decodes
+        and every proposal count up to `max_k` as padded, greedy and plain-temperature sampling) before serving, so
+        no request waits for a capture. A no-op without graphs. Returns the graphs captured."""
+        graphs = self.runner.graphs
+        if graphs is None:
+            return 0
+        before = len(graphs.steps)
+        counts = sorted({0, *(self.runner.shape_size(k, STEP_SIZES) for k in range(1, max_k + 1))})
+        settings = [WorkerSampling(0.0, 0, 1.0, 0)] + ([WorkerSampling(1.0, 0, 1.0, 0)] if sampled else [])
+        for bucket in (b for b in BATCH_BUCKETS if b <= max_batch):
+            if self.runner.block_manager.num_free_blocks < 2 * bucket + 2:
+                break  # a cache this small serves few sequences: capture the rest when they come
+            for sampling in settings:
+                handles = [f"warm-up-{i}" for i in range(bucket)]
+                self.prefill([TargetPrefill(h, [0], sampling) for h in handles])
+                for k in counts:
+                    # q with the draft's default support of 32: the sampled graphs are captured for that width.
+                    q = (torch.zeros(k, 32, dtype=torch.int64), torch.nn.functional.one_hot(torch.zeros(k, dtype=torch.int64), 32).float())
+                    self.verify([VerifyItem(h, 1, [0], [0] * k, *q) for h in handles])
+                self.release(handles)
+        return len(graphs.steps) - before
 
     def release(self, handles: list[str]) -> int:
         return sum(self.sequences.release(h) for h in handles)
@@ -197,6 +223,20 @@ class TargetVerifier:
             lp = [TokenLogprob(token, float(chosen[j]), list(zip(ids[j, :logprobs].tolist(), values[j, :logprobs].tolist())))
                   for j, token in enumerate(emitted)]
         return Verdict(num_accepted, emitted, lp, sequence.table.num_tokens)
+
+
+# Proposal counts (and delta widths) and q supports a verification graph is captured for: a batch pads to the next.
+STEP_SIZES = (1, 2, 4, 8, 16)
+SUPPORT_SIZES = (32, 64, 128, 256)
+
+
+def _widen(array: np.ndarray, steps: int, support: int) -> np.ndarray:
+    """[n, k, K] -> [n, steps, support] (k <= steps), cut or padded with zeros (id 0 with probability 0): a support
+    entry past a sequence's own is always padding."""
+    out = np.zeros((array.shape[0], steps, support), dtype=array.dtype)
+    width = min(support, array.shape[2])
+    out[:, : array.shape[1], :width] = array[:, :, :width]
+    return out
 
 
 @dataclass

@@ -178,7 +178,8 @@ def test_metrics_move_as_requests_run(observed):
     for name, role in (("target", "target"), ("draft_a", "draft")):
         assert value(before[name], "specsplit_kv_blocks_total", role=role) > 0
     with Client(cluster.addresses["coordinator"], timeout=60) as client:
-        stream = client.generate_stream("import os\nimport sys\n", max_tokens=40, ignore_eos=True)
+        # Long enough to still be running when the scrapes below are done (the rounds of tiny models take ms).
+        stream = client.generate_stream("import os\nimport sys\n", max_tokens=400, ignore_eos=True)
         next(stream)  # decoding has started: the request is running and holds KV
         during = {name: scrape(urls[name]) for name in ("coordinator", "target")}
         chunks = list(stream)

@@ -169,6 +169,26 @@ def test_graphs_cover_mixed_batches_like_the_cpu(tiny_pair):
         assert any(bucket == 8 for _, _, bucket in graph_keys(gpu.target_runner, "verify"))
 
 
+def test_warm_up_captures_what_rounds_then_use(tiny_pair):
+    """After the engine's warm-up, rounds at any batch size with up to k proposals, greedy or sampled, capture
+    no graph of their own (no request waits for a capture)."""
+    engine = LocalEngine(tiny_pair["target"], tiny_pair["close"], num_speculative_tokens=4, dtype="float32",
+                         device="cuda", speculation="fixed")
+    captured = (len(engine.draft_runner.graphs.steps), len(engine.target_runner.graphs.steps))
+    assert captured[0] > 0 and captured[1] > 0
+    tok = byte_tokenizer()
+
+    async def main():
+        for batch in (1, 3, 8, 21):
+            params = [SamplingParams(max_tokens=12, ignore_eos=True, temperature=t, seed=i)
+                      for i, t in zip(range(batch), [0.0, 1.0] * batch)]
+            await asyncio.gather(*(engine.generate(tok.encode(PROMPTS[i % 4]), p) for i, p in enumerate(params)))
+        await engine.coordinator.wait_idle()
+
+    asyncio.run(main())
+    assert (len(engine.draft_runner.graphs.steps), len(engine.target_runner.graphs.steps)) == captured
+
+
 def _host_waits(call) -> int:
     import warnings
 
