@@ -66,6 +66,7 @@ class Coordinator:
         self.policy = SpeculationPolicy(self.config.max_speculative_tokens, fixed=self.config.speculation == "fixed")
         self._releases: dict = {}  # worker client -> handles to release after this iteration
         self._last_probe = 0.0
+        self._round_alone = True
 
     # ---- public API -------------------------------------------------------------------------------------------
 
@@ -184,6 +185,7 @@ class Coordinator:
             needs_draft = [s for s in live if self._wants_draft(s) and not s.draft_prefilled]
             decoding = [s for s in live if s.prefilled]
             try:
+                self._round_alone = not needs_target and not needs_draft  # its timing is the round's own cost
                 phases = [phase(group) for phase, group in ((self._prefill_targets, needs_target),
                                                             (self._attach_drafts, needs_draft), (self._round, decoding))
                           if group]
@@ -324,7 +326,7 @@ class Coordinator:
                                                       len(proposal.token_ids), verdict.num_accepted)
                 sequence.target_cached = verdict.num_cached
                 self._commit(sequence, verdict, num_draft=len(proposal.token_ids) if proposal else 0)
-        if all(n in (0, k) for n in k_of.values()):  # a round of one k: what it cost says what k costs
+        if self._round_alone and all(n in (0, k) for n in k_of.values()):  # a clean round of one k: its cost
             self.policy.record_costs(batch, k, proposed - started, time.perf_counter() - proposed)
         self.telemetry.round_chosen(k, batch)
 

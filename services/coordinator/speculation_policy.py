@@ -5,8 +5,9 @@ A round with k proposals yields E(k) = 1 + a + a^2 + ... + a^k tokens per sequen
 rate per proposal) and costs T(B, k) = propose(B, k) + verify(B, k) at batch size B; plain decoding (k = 0) yields
 one token for verify(B, 0). Each round takes the k in [0, k_max] with the most tokens per second summed over the
 batch. Costs are the wall times of this coordinator's own worker calls (so network, host work and whatever else the
-deployment pays are in them), kept per batch bucket and k as the median of the last few (a graph capture or a long
-catch-up is an outlier, not the cost); a cost not measured is interpolated between measured ones. A bucket starts by
+deployment pays are in them), kept per batch bucket and k as the least of the last few: interference (a graph
+capture, a prefill served in the same worker step, a long catch-up) only ever adds time, so the least is the cost
+of the round itself; rounds that ran beside prefills are not measured at all. A cost not measured is interpolated. A bucket starts by
 measuring both ends (k_max and 0) a few times; an end not chosen for `refresh_interval` rounds is measured once
 more; while k = 0 wins, every `probe_interval`-th round proposes one token to keep the acceptance estimate fresh
 (cost: about one draft step in that many rounds).
@@ -16,13 +17,12 @@ rejection is not tested), starting from the running rate of its draft variant, s
 the draft has been achieving. `fixed` turns all of this off: every round proposes k_max (benchmarks).
 """
 
-import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
 PRIOR_WEIGHT = 4.0       # proposals' worth of the variant's rate that a sequence's own estimate starts from
-VARIANT_SMOOTHING = 0.05
-COST_SAMPLES = 5         # a cost is the median of this many latest measurements
+VARIANT_SMOOTHING = 0.2  # weight of a round in its draft variant's running acceptance rate
+COST_SAMPLES = 5         # a cost is the least of this many latest measurements
 SAMPLES_BEFORE_CHOOSING = 3
 
 
@@ -49,10 +49,10 @@ class BucketCosts:
         return len(self.verify.get(k, ()))
 
     def verify_cost(self, k: int) -> float | None:
-        return statistics.median(self.verify[k]) if k in self.verify else None
+        return min(self.verify[k]) if k in self.verify else None
 
     def propose_cost(self, k: int) -> float | None:
-        return statistics.median(self.propose[k]) if k in self.propose else None
+        return min(self.propose[k]) if k in self.propose else None
 
 
 def expected_tokens(rate: float, k: int) -> float:

@@ -107,7 +107,8 @@ class DraftProposer:
         for b, (_, _, _, delta) in enumerate(batch):
             deltas[b, : len(delta)] = delta
         params = [sequence.sampling for _, sequence, _, _ in batch]
-        shape = DraftShape(catch_up, steps, support, sampling_flags(params, self.runner.vocab_size),
+        flags = sampling_flags(params, self.runner.vocab_size, fewer_shapes=self.runner.graphs is not None)
+        shape = DraftShape(catch_up, steps, support, flags,
                            self.runner.context_bound(int(starts.max()) + catch_up + steps))
         packed = self.runner.run_step(DraftSteps, shape, {
             "start": starts, "n_delta": [len(delta) for _, _, _, delta in batch], "delta": deltas,

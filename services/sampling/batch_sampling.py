@@ -28,10 +28,12 @@ def sampling_fields(rows: list[WorkerSampling]) -> dict[str, np.ndarray]:
     }
 
 
-def sampling_flags(rows: list[WorkerSampling], vocab_size: int) -> SamplingFlags:
-    """Which processing steps the batch needs, decided on the host (reading it back from the GPU would stall)."""
+def sampling_flags(rows: list[WorkerSampling], vocab_size: int, fewer_shapes: bool = False) -> SamplingFlags:
+    """Which processing steps the batch needs, decided on the host (reading it back from the GPU would stall).
+    `fewer_shapes` (graphs): a sampled batch always handles greedy rows, so mixed and all-sampled batches share a
+    graph (the one-hot rows cost an argmax per row)."""
     return SamplingFlags(
         top_k=any(0 < r.top_k < vocab_size for r in rows),
         top_p=any(r.top_p < 1.0 for r in rows),
-        greedy=any(r.temperature == 0 for r in rows),
+        greedy=any(r.temperature == 0 for r in rows) or fewer_shapes,
     )

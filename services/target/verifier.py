@@ -202,7 +202,9 @@ class TargetVerifier:
 
     def _shape(self, sequences, logprobs, width: int, steps: int, support: int, longest: int = 0) -> VerifyShape:
         return VerifyShape(width=width, steps=steps, support=support,
-                           greedy=all(s.sampling.greedy for s in sequences), sampling=sampling_flags([s.sampling for s in sequences], self.runner.vocab_size),
+                           greedy=all(s.sampling.greedy for s in sequences),
+                           sampling=sampling_flags([s.sampling for s in sequences], self.runner.vocab_size,
+                                                   fewer_shapes=self.runner.graphs is not None),
                            logprobs=any(n is not None for n in logprobs), synthetic=self.synthetic_acceptance,
                            max_context=self.runner.context_bound(longest or 1))
 

@@ -71,11 +71,15 @@ def test_stale_ends_are_measured_again():
     assert 4 in picks  # the end not chosen for 10 rounds is measured once more
 
 
-def test_costs_are_medians_so_one_outlier_does_not_decide():
+def test_interference_does_not_decide():
+    """Costs are the least of recent measurements: a capture or a prefill in the same step only adds time."""
     policy = SpeculationPolicy(16)
     measured(policy, decode=0.010, verify=0.011, propose_per_k=0.001)
-    policy.record_costs(1, 4, 2.0, 5.0)  # a graph capture, say
+    for _ in range(3):
+        policy.record_costs(1, 4, 2.0, 5.0)  # a graph capture, say
+        policy.record_costs(1, 0, 0.0, 0.5)
     assert policy.choose([0.9], 1, 4) == 4
+    assert policy.choose([0.0], 1, 4) == 0
 
 
 def test_acceptance_starts_from_the_variant_rate_and_learns():
@@ -85,7 +89,7 @@ def test_acceptance_starts_from_the_variant_rate_and_learns():
     for _ in range(20):
         policy.record_acceptance(own, "a", 4, 0)  # every first proposal rejected: 1 tested, 0 accepted
     assert policy.rate(own, "a") < 0.15
-    assert policy.rate(Acceptance(), "a") < 0.5  # the variant's rate moved too: new requests start lower
+    assert policy.rate(Acceptance(), "a") < 0.1  # the variant's rate moved too: new requests start low
     assert policy.rate(Acceptance(), "b") == pytest.approx(0.5)
 
 
