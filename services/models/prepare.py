@@ -272,7 +272,7 @@ def convert_gguf_to_folder(gguf: Path, destination: Path, progress: bool = True)
 
     with _transformers_output(progress):
         model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, **_dequantize_option()
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, **dequantize_option()
         )
         packed = sorted({str(p.dtype) for p in model.parameters()} - {str(torch.float32)})
         if packed:  # weights left in GGUF blocks would be saved as raw bytes
@@ -308,7 +308,7 @@ def _transformers_output(progress: bool):
             transformers.utils.logging.enable_progress_bar()
 
 
-def _dequantize_option() -> dict:
+def dequantize_option() -> dict:
     """Ask for a plain dense model where transformers could otherwise keep GGUF blocks packed (when the
     `kernels` package offers a matmul kernel for them); older versions always dequantize."""
     import inspect
