@@ -185,7 +185,7 @@ def _build(spec: ModelSpec, scratch: Path, root: Path, progress: bool, keep_gguf
 
     started = time.monotonic()
     staged = scratch / spec.name
-    convert_gguf_to_folder(gguf, staged, progress)
+    convert_gguf_to_folder(gguf, staged, progress, keep_source=keep_gguf)
     timings["convert_s"] = round(time.monotonic() - started, 1)
 
     if keep_gguf:
@@ -258,11 +258,14 @@ def join_and_verify(spec: ModelSpec, parts: list[Path], destination: Path, progr
         )
 
 
-def convert_gguf_to_folder(gguf: Path, destination: Path, progress: bool = True) -> None:
+def convert_gguf_to_folder(gguf: Path, destination: Path, progress: bool = True, keep_source: bool = True) -> None:
     """Load a GGUF with transformers (dequantized to float32) and save it as a Hugging Face folder with its tokenizer.
 
     float32, not bf16: a dequantized weight is a 16-bit scale times a small integer, which float32 holds exactly
     and bf16 rounds (greedy output then drifts from the published model's).
+
+    keep_source=False deletes the GGUF once everything is read from it, before the folder is written: the disk then
+    never holds both (for the 1.5B, 1.1 GB less at the peak).
 
     Most of the time goes into reading GGUF metadata (a 150k-token vocabulary and its merges, in pure Python),
     which transformers does once for the config, once for the weights and once for the tokenizer.
@@ -271,12 +274,15 @@ def convert_gguf_to_folder(gguf: Path, destination: Path, progress: bool = True)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     with _transformers_output(progress):
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(
             gguf.parent, gguf_file=gguf.name, dtype=torch.float32, **dequantize_option()
         )
         packed = sorted({str(p.dtype) for p in model.parameters()} - {str(torch.float32)})
         if packed:  # weights left in GGUF blocks would be saved as raw bytes
             raise PrepareError(f"{gguf.name}: transformers kept weights packed ({', '.join(packed)})")
+        if not keep_source:
+            gguf.unlink()
         # The weights are plain float32 tensors now, but transformers refuses to save a model that still
         # carries the GGUF quantizer and its quantization_config.
         model.hf_quantizer = None
@@ -284,7 +290,6 @@ def convert_gguf_to_folder(gguf: Path, destination: Path, progress: bool = True)
             del model.config.quantization_config
         model.save_pretrained(destination)
         del model
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         tokenizer.save_pretrained(destination)
 
 
