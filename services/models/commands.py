@@ -20,7 +20,9 @@ def add_models_commands(subparsers) -> argparse.ArgumentParser:
     )
     commands = models.add_subparsers(dest="models_command", metavar="{list,prepare}", required=True)
 
-    listing = commands.add_parser("list", help="the built-in models, and whether each is prepared")
+    listing = commands.add_parser(
+        "list", help="the built-in models, whether each is prepared, and in which dtype"
+    )
     listing.set_defaults(handler=run_list)
 
     prepare = commands.add_parser("prepare", help="download, verify and convert built-in models (idempotent)")
@@ -34,17 +36,30 @@ def add_models_commands(subparsers) -> argparse.ArgumentParser:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    rows = [("NAME", "ROLE", "ARCH", "DOWNLOAD", "PREPARED")]
+    rows = [("NAME", "ROLE", "ARCH", "DOWNLOAD", "DTYPE", "PREPARED")]
+    outdated = []
     for spec in BUILTIN_MODELS.values():
-        folder = preparation.prepared_path(spec.name)
+        state = preparation.cache_state(spec.name)
+        if state.prepared:
+            where = str(state.folder)
+        elif state.outdated:
+            where = f"outdated, prepared again on next use: {state.folder} holds {state.outdated}"
+            outdated.append(spec.name)
+        else:
+            where = "no"
         rows.append(
             (spec.name, spec.role, spec.architecture, preparation.format_bytes(spec.download_bytes),
-             str(folder) if folder else "no")
+             state.dtype or "-", where)
         )
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
     print(f"\ncache: {preparation.models_root()}  (set SPECSPLIT_CACHE to move it)")
+    if outdated:
+        print(
+            f"{len(outdated)} cache(s) made by an older specsplit are not used; they are prepared again "
+            f"({preparation.PREPARED_DTYPE}) on next use, or now with `specsplit models prepare {' '.join(outdated)}`"
+        )
     return 0
 
 

@@ -91,10 +91,16 @@ class LazySafetensors:
 
 
 def _read_gguf(path: Path):
-    # transformers dequantizes GGUF tensors and maps their names to Hugging Face ones.
+    # transformers dequantizes GGUF tensors (into float32, which holds them exactly) and maps their names to
+    # Hugging Face ones. Asked to dequantize explicitly: where it could keep GGUF blocks packed, the state dict
+    # would hold raw bytes.
     from transformers import AutoModelForCausalLM
 
-    hf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    from specsplit.services.models.prepare import dequantize_option
+
+    hf_model = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32, **dequantize_option()
+    )
     state = {k: v for k, v in hf_model.state_dict().items()}
     hf_config = hf_model.config
     del hf_model

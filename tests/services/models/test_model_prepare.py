@@ -15,7 +15,7 @@ from dataclasses import asdict, replace
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from specsplit.services.models import prepare as preparation
 from specsplit.services.models import registry
@@ -147,6 +147,45 @@ def test_already_installed_packages_are_used_and_keep_gguf_keeps_the_joined_file
     assert preparation.prepared_path(spec.name) == folder
     kept = preparation.models_root() / f"{spec.name}.gguf"
     assert kept.read_bytes() == tiny.data
+
+
+def test_keep_gguf_on_a_prepared_model_joins_the_gguf_without_converting_again(installed, tiny, monkeypatch):
+    spec = installed("tiny-keep-later")
+    folder = preparation.prepare(spec.name, progress=False)
+    assert preparation.kept_gguf_path(spec.name) is None
+    monkeypatch.setattr(preparation, "convert_gguf_to_folder", lambda *a, **k: pytest.fail("converted again"))
+    assert preparation.prepare(spec.name, progress=False, keep_gguf=True) == folder
+    assert preparation.kept_gguf_path(spec.name).read_bytes() == tiny.data
+    monkeypatch.setattr(preparation, "locate_parts", lambda *a, **k: pytest.fail("joined again"))
+    assert preparation.prepare(spec.name, progress=False, keep_gguf=True) == folder
+
+
+@pytest.mark.parametrize("old_marker", [{}, {"format_version": 1}], ids=["no-format-version", "format-1"])
+def test_a_bf16_cache_of_an_older_format_is_detected_and_prepared_again_in_float32(installed, tiny, capsys, old_marker):
+    spec = installed("tiny-old-format")
+    folder = preparation.prepare(spec.name, progress=False)
+    # Turn it into what specsplit wrote before format 2: bf16 weights, a marker without format or dtype.
+    weights = folder / "model.safetensors"
+    save_file({name: tensor.to(torch.bfloat16) for name, tensor in load_file(weights).items()}, weights)
+    marker = json.loads((folder / preparation.MARKER).read_text())
+    old = {key: value for key, value in marker.items() if key not in ("format_version", "dtype")} | old_marker
+    (folder / preparation.MARKER).write_text(json.dumps(old))
+
+    assert preparation.prepared_path(spec.name) is None
+    state = preparation.cache_state(spec.name)
+    assert (state.prepared, state.dtype, state.folder) == (False, "bfloat16", folder)
+    assert state.outdated == "an older format (format 1, bfloat16)"
+
+    assert preparation.resolve_model(spec.name) == folder  # prepared again on first use, in the same place
+    assert "the cache holds an older format (format 1, bfloat16)" in capsys.readouterr().err
+    assert json.loads((folder / preparation.MARKER).read_text())["format_version"] == preparation.FORMAT_VERSION
+    state = preparation.cache_state(spec.name)
+    assert (state.prepared, state.dtype, state.outdated) == (True, "float32", None)
+    expected = torch.from_numpy(tiny.tensors["blk.0.attn_q.weight"]).to(torch.float32)
+    assert not torch.equal(expected.to(torch.bfloat16).float(), expected)  # so the bf16 cache really was lossy
+    weight = load_file(weights)["model.layers.0.self_attn.q_proj.weight"]
+    assert weight.dtype == torch.float32 and torch.equal(weight, expected)
+    assert sorted(path.name for path in preparation.models_root().iterdir() if not path.name.startswith(".")) == [spec.name]
 
 
 def test_corrupted_part_fails_with_both_hashes_and_leaves_no_folder(installed, tiny):

@@ -21,16 +21,17 @@ def test_builtin_pair_is_pinned_part_by_part():
         assert re.fullmatch(r"[0-9a-f]{64}", spec.sha256) and spec.architecture in ("qwen2", "llama")
 
 
-def fake_prepared(monkeypatch, tmp_path, name: str) -> ModelSpec:
-    """A test entry whose folder is marked complete, as prepare leaves it."""
+def fake_prepared(monkeypatch, tmp_path, name: str, **marker) -> ModelSpec:
+    """A test entry whose folder is marked complete, as prepare leaves it (or as `marker` says)."""
     spec = ModelSpec(name, "qwen2", "draft", (Package("specsplit-test-absent", "1.0"),), 10, "ab" * 32,
                      "test entry", 10, 0.1)
     monkeypatch.setitem(registry.BUILTIN_MODELS, name, spec)
     monkeypatch.setenv("SPECSPLIT_CACHE", str(tmp_path))
     folder = preparation.models_root() / name
     folder.mkdir(parents=True)
-    (folder / preparation.MARKER).write_text(json.dumps(
-        {"sha256": spec.sha256, "format_version": preparation.FORMAT_VERSION, "dtype": preparation.PREPARED_DTYPE}))
+    fields = {"sha256": spec.sha256, "format_version": preparation.FORMAT_VERSION, "dtype": preparation.PREPARED_DTYPE}
+    fields.update(marker)
+    (folder / preparation.MARKER).write_text(json.dumps({k: v for k, v in fields.items() if v is not None}))
     return spec
 
 
@@ -40,13 +41,40 @@ def test_list_shows_every_model_and_where_prepared_ones_are(monkeypatch, tmp_pat
     out = capsys.readouterr().out
     rows = {line.split()[0]: line for line in out.splitlines() if line.strip()}
     assert rows["tiny-listed"].endswith(str(preparation.models_root() / "tiny-listed"))
+    assert rows["tiny-listed"].split()[5] == "float32"  # DOWNLOAD is two words ("0 MB")
     assert rows["qwen2.5-coder-1.5b-instruct"].split()[1] == "target"
     assert rows["qwen2.5-coder-1.5b-instruct"].endswith("no")
     assert str(tmp_path) in out
+    assert "older specsplit" not in out
+
+
+@pytest.mark.parametrize(
+    "marker, shown",
+    [
+        ({"format_version": None, "dtype": None}, "format 1, bfloat16"),  # what specsplit wrote before format 2
+        ({"format_version": 1, "dtype": None}, "format 1, bfloat16"),
+        ({"sha256": "cd" * 32}, "other bytes"),  # the pin changed
+    ],
+)
+def test_list_says_which_caches_are_outdated_and_will_be_prepared_again(monkeypatch, tmp_path, capsys, marker, shown):
+    fake_prepared(monkeypatch, tmp_path, "tiny-old", **marker)
+    assert preparation.prepared_path("tiny-old") is None
+    assert commands.main(["list"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("tiny-old "))
+    expected_dtype = "bfloat16" if marker.get("dtype", "") is None else "float32"
+    assert row.split()[5] == expected_dtype
+    assert "outdated, prepared again on next use" in row and shown in row
+    assert str(preparation.models_root() / "tiny-old") in row
+    assert "specsplit models prepare tiny-old" in out
 
 
 def test_prepare_of_a_prepared_model_prints_its_folder(monkeypatch, tmp_path, capsys):
-    fake_prepared(monkeypatch, tmp_path, "tiny-ready")
+    spec = fake_prepared(monkeypatch, tmp_path, "tiny-ready")
+    assert commands.main(["models", "prepare", "tiny-ready"]) == 0
+    assert capsys.readouterr().out.strip() == f"tiny-ready: {preparation.models_root() / 'tiny-ready'}"
+    # --keep-gguf on a prepared model only needs the GGUF; one of the pinned size is already kept here.
+    (preparation.models_root() / spec.gguf_name).write_bytes(b"\0" * spec.size_bytes)
     assert commands.main(["models", "prepare", "tiny-ready", "--keep-gguf"]) == 0
     assert capsys.readouterr().out.strip() == f"tiny-ready: {preparation.models_root() / 'tiny-ready'}"
 

@@ -70,6 +70,22 @@ def test_packed_target_computes_the_dense_logits(float32_pair):
     torch.testing.assert_close(_last_logits(packed, ids), _last_logits(dense, ids), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("rows", [1, 5, 20])
+def test_packed_weights_keep_float32_arithmetic(rows):
+    """The target's packed layout must not compute in bf16 behind float32's back (oneDNN can, on CPUs with bf16
+    units, when told to): its error against float64 stays at float32's level, three orders below bf16's."""
+    torch.manual_seed(rows)
+    linear = torch.nn.Linear(1536, 1536)
+    x = torch.randn(rows, 1536)
+    exact = torch.nn.functional.linear(x.double(), linear.weight.double(), linear.bias.double())
+
+    def error(y):
+        return ((y.double() - exact).abs().max() / exact.abs().max()).item()
+
+    assert error(PackedLinear(linear)(x)) < 1e-5
+    assert error(torch.nn.functional.linear(x, linear.weight.bfloat16().float(), linear.bias)) > 1e-4
+
+
 def test_int8_draft_is_close_to_its_dense_self(float32_pair):
     ids = byte_tokenizer().encode(PROMPTS[0])
     dense = _last_logits(load_model(str(float32_pair[1])), ids)
