@@ -27,7 +27,7 @@ from specsplit.services.sampling.logits_processing import SamplingFlags, process
 @dataclass(frozen=True)
 class DraftShape:
     catch_up: int            # width of `delta`: the longest catch-up of the batch
-    steps: int               # k of the call: the most proposals any sequence wants (>= 1)
+    steps: int               # k of the call: the most proposals any sequence wants (0: a catch-up only)
     support: int             # K, entries of each q sent back (1 when every sequence is greedy)
     sampling: SamplingFlags  # which processing the batch needs; all-greedy batches skip it (argmax)
     max_context: int         # attention is sized for contexts up to this (runtime/model_runner.context_bound)
@@ -53,6 +53,8 @@ class DraftSteps:
         # Catch-up: the committed tokens the draft has not run; logits from each sequence's last real one.
         write = torch.arange(shape.catch_up, device=seqs.device)[None, :] < f["n_delta"][:, None]
         hidden = runner.forward_rows(f["delta"], f["start"], write, tables, shape.max_context)
+        if shape.steps == 0:  # a catch-up only: the KV is written, nothing is sampled
+            return torch.zeros(num_seqs, 0, 1 + 2 * shape.support, dtype=torch.int32, device=seqs.device)
         last = hidden.view(num_seqs, shape.catch_up, -1)[seqs, f["n_delta"] - 1]
         first = f["start"] + f["n_delta"]  # absolute position of d_1
         results = []

@@ -8,7 +8,7 @@ The last proposal's KV is never computed: if it is accepted the coordinator send
 
 `propose` reads top to bottom: check and rewind each sequence, reserve the KV the whole call will write, gather
 the batch's fields, run the step program (draft_steps.py: one graph replay on a GPU), unpack one result per
-sequence. A catch-up longer than a graph takes runs eagerly first, all but its last MAX_CATCH_UP tokens.
+sequence. With graphs, a catch-up longer than the proposing graphs take runs first through catch-up-only graphs.
 """
 
 from dataclasses import dataclass
@@ -22,11 +22,14 @@ from specsplit.services.errors import InvalidArgument, KVCacheFull
 from specsplit.services.runtime.model_runner import ForwardItem, ModelRunner
 from specsplit.services.runtime.worker_sequences import WorkerSampling, WorkerSequence, WorkerSequences
 from specsplit.services.sampling.batch_sampling import sampling_flags, sampling_fields
+from specsplit.services.sampling.logits_processing import SamplingFlags
 
-# Catch-up widths a step program takes per sequence (a delta is padded to the next one); a longer delta runs its head
-# eagerly first. Up to 64: after rounds the speculation policy ran without the draft, the catch-up is that long.
+# Catch-up widths a step program takes per sequence (a delta is padded to the next one). Proposing graphs take 2 (the
+# normal catch-up: one token, two after a bonus round); longer catch-ups (after rounds the speculation policy ran
+# without the draft) go through catch-up-only graphs first, up to 64 tokens a sequence per call.
 CATCH_UP_SIZES = (2, 4, 8, 16, 32, 64)
 MAX_CATCH_UP = CATCH_UP_SIZES[-1]
+CATCH_UP_FLAGS = SamplingFlags(top_k=False, top_p=False, greedy=True)  # a catch-up samples nothing: one shape
 
 
 @dataclass
@@ -139,23 +142,39 @@ class DraftProposer:
         return 1
 
     def _catch_up_long_deltas(self, batch) -> None:
-        """Deltas longer than a step program takes (after target-only rounds): run all but their last
-        MAX_CATCH_UP tokens now, as one eager forward."""
-        long = [b for b, (_, _, _, delta) in enumerate(batch) if len(delta) > MAX_CATCH_UP]
-        if not long:
+        """Deltas longer than the proposing program's catch-up (after rounds the speculation policy ran without the
+        draft): with graphs, run their heads first through catch-up-only graphs (k = 0, no sampling) of up to
+        MAX_CATCH_UP tokens a sequence, so proposing always runs the few shapes captured before serving; eager, the
+        proposing program takes any length (its shapes cost nothing)."""
+        if self.runner.graphs is None:
             return
-        heads = []
-        for b in long:
-            i, sequence, k, delta = batch[b]
-            head, batch[b] = delta[:-MAX_CATCH_UP], (i, sequence, k, delta[-MAX_CATCH_UP:])
-            # The head's slots are the first of those reserved for the call: a table view that ends after them.
-            start = sequence.table.num_tokens - len(delta) - max(k - 1, 0)
-            heads.append(ForwardItem(_TableView(sequence.table, start + len(head)), head, 0))
-        self.runner.forward_flat(heads)
+        keep = CATCH_UP_SIZES[0]
+        while True:
+            long = [b for b, (_, _, _, delta) in enumerate(batch) if len(delta) > keep]
+            if not long:
+                return
+            pieces, tables, starts = [], [], []
+            for b in long:
+                i, sequence, k, delta = batch[b]
+                piece = delta[: min(len(delta) - keep, MAX_CATCH_UP)]
+                pieces.append(piece)
+                tables.append(sequence.table)
+                # The call's slots were reserved for the whole delta: this piece takes the first of them.
+                starts.append(sequence.table.num_tokens - len(delta) - max(k - 1, 0))
+                batch[b] = (i, sequence, k, delta[len(piece) :])
+            width = self.runner.shape_size(max(len(p) for p in pieces), CATCH_UP_SIZES)
+            deltas = np.zeros((len(pieces), width), dtype=np.int64)
+            for row, piece in enumerate(pieces):
+                deltas[row, : len(piece)] = piece
+            shape = DraftShape(width, 0, 1, CATCH_UP_FLAGS, self.runner.context_bound(max(starts) + width))
+            self.runner.run_step(DraftSteps, shape, {
+                "start": starts, "n_delta": [len(p) for p in pieces], "delta": deltas, "k": [0] * len(pieces),
+                **sampling_fields([batch[b][1].sampling for b in long]),
+            }, tables)
 
     def warm_up(self, max_batch: int = 64, max_k: int = 4, sampled: bool = True) -> int:
         """Capture the step programs a round is likely to run (every batch bucket up to `max_batch`, every k up to
-        `max_k`, catch-ups of up to two tokens, greedy and plain-temperature sampling) before serving, so no request
+        `max_k`, greedy and plain-temperature sampling, and the catch-up-only graphs) before serving, so no request
         waits for a capture. A no-op without graphs. Returns the graphs captured."""
         graphs = self.runner.graphs
         if graphs is None:
@@ -170,6 +189,10 @@ class DraftProposer:
                 self.prefill([DraftPrefill(h, [0, 0], sampling) for h in handles])
                 for k in range(1, max_k + 1):
                     self.propose([ProposeItem(h, 2, [0, 0], k) for h in handles])
+                if sampling.greedy:  # catch-ups sample nothing: one set of graphs serves every setting
+                    for size in CATCH_UP_SIZES[1:]:
+                        if self.runner.block_manager.num_free_blocks >= bucket * (size // 16 + 2):
+                            self.propose([ProposeItem(h, 2, [0] * (size + 2), 1) for h in handles])
                 self.release(handles)
         return len(graphs.steps) - before
 
@@ -186,12 +209,3 @@ class DraftProposer:
                 runnable.append((i, fi))
         out = self.runner.forward([fi for _, fi in runnable]) if runnable else []
         return {i: rows for (i, _), rows in zip(runnable, out)}
-
-
-class _TableView:
-    """A block table seen as if it held only its first `num_tokens` tokens (for a forward of a prefix of the
-    tokens reserved in it)."""
-
-    def __init__(self, table, num_tokens: int):
-        self.block_ids = table.block_ids
-        self.num_tokens = num_tokens
