@@ -15,6 +15,7 @@ from specsplit.kernels.counter_rng import counter_uniform_torch
 from specsplit.kernels.kv_write import write_kv_torch
 from specsplit.kernels.paged_attention import paged_attention_torch
 from specsplit.kernels.rejection_sampling import rejection_sample_torch, sample_from_probs_torch
+from specsplit.kernels.typical_acceptance import typical_accept_torch
 
 ENV_VAR = "SPECSPLIT_KERNELS"
 
@@ -79,6 +80,14 @@ def rejection_sample(target_probs, draft_token_ids, q_token_ids, q_probs, cu_num
                                            accept_uniforms, sample_uniforms, max_num_draft=max_num_draft)
     return rejection_sample_torch(target_probs, draft_token_ids, q_token_ids, q_probs, cu_num_draft,
                                   accept_uniforms, sample_uniforms)
+
+
+def typical_accept(target_probs, draft_token_ids, cu_num_draft, sample_uniforms, posterior_threshold, posterior_alpha,
+                   max_num_draft: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """NOT lossless (opt-in). Batched tensor ops with fixed shapes and no host reads, the same on every device and
+    inside CUDA graphs; only its final inverse-CDF sample goes to the Triton kernel where that is used."""
+    return typical_accept_torch(target_probs, draft_token_ids, cu_num_draft, sample_uniforms, posterior_threshold,
+                                posterior_alpha, max_num_draft, sample=sample_from_probs)
 
 
 def sample_from_probs(probs, uniforms) -> torch.Tensor:

@@ -21,6 +21,8 @@ from specsplit.services.runtime.host_transfer import to_device, to_host
 from specsplit.services.sampling.batch_sampling import sampling_flags, sampling_tensors
 from specsplit.services.sampling.logits_processing import processed_probs
 from specsplit.services.sampling.logprobs import TokenLogprob, token_logprobs
+from specsplit.services.target.acceptance_method import TYPICAL, AcceptancePolicy
+from specsplit.services.target.typical_batch import accept_typical, merge_typical
 from specsplit.services.target.synthetic_acceptance import check_alpha, synthetic_accept, warn_enabled
 
 
@@ -49,14 +51,19 @@ class Verdict:
     token_ids: list[int]               # accepted proposals + the recovered or bonus token
     logprobs: list[TokenLogprob] | None
     num_cached: int                    # tokens now in the target's KV
+    acceptance_method: str = ""        # prefill only: the method the sequence got (acceptance_method.py)
 
 
 class TargetVerifier:
-    def __init__(self, runner: ModelRunner, max_speculative_tokens: int = 16, synthetic_acceptance: float | None = None):
-        """`synthetic_acceptance`: BENCHMARK ONLY, not lossless (see synthetic_acceptance.py); None in serving."""
+    def __init__(self, runner: ModelRunner, max_speculative_tokens: int = 16, synthetic_acceptance: float | None = None,
+                 acceptance: AcceptancePolicy | None = None):
+        """`synthetic_acceptance`: BENCHMARK ONLY, not lossless (see synthetic_acceptance.py); None in serving.
+        `acceptance`: rejection sampling (lossless) unless it enables typical acceptance (NOT lossless)."""
         self.runner = runner
         self.sequences = WorkerSequences(runner)
         self.max_speculative_tokens = max_speculative_tokens
+        self.acceptance = acceptance or AcceptancePolicy()
+        self.acceptance.warn_if_lossy("the target verifier")
         self.synthetic_acceptance = None
         if synthetic_acceptance is not None:
             self.synthetic_acceptance = check_alpha(synthetic_acceptance)
@@ -68,7 +75,8 @@ class TargetVerifier:
         verify_items, index = [], []
         for i, item in enumerate(items):
             try:
-                _, cached = self.sequences.start(item.handle, item.sampling, item.token_ids, "target")
+                sampling = self.acceptance.resolve(item.sampling)
+                _, cached = self.sequences.start(item.handle, sampling, item.token_ids, "target")
                 verify_items.append(VerifyItem(item.handle, cached, list(item.token_ids[cached:]), logprobs=item.logprobs))
                 index.append(i)
             except Exception as error:
@@ -78,7 +86,9 @@ class TargetVerifier:
             if isinstance(verdict, Exception):
                 self.sequences.release(items[i].handle)
             else:
-                self.sequences.prompt_written(self.sequences.get(items[i].handle), items[i].token_ids)
+                sequence = self.sequences.get(items[i].handle)
+                self.sequences.prompt_written(sequence, items[i].token_ids)
+                verdict.acceptance_method = sequence.sampling.acceptance_method
         return results
 
     def verify(self, items: list[VerifyItem]) -> list[Verdict | Exception]:
@@ -149,9 +159,12 @@ class TargetVerifier:
         draft_rows = to_device([start + j for start, k in zip(starts, num_draft) for j in range(k)], torch.int64, device)
         draft_ids = to_device([t for item in items for t in item.draft_token_ids], torch.int64, device)
 
+        typical = [s.sampling.acceptance_method == TYPICAL for s in sequences]
         if self.synthetic_acceptance is not None:  # benchmark only: the accept decision is a biased coin
             output, num_accepted = synthetic_accept(self.synthetic_acceptance, probs, draft_ids, num_draft,
                                                     seeds[draft_rows], row_positions[draft_rows], sample_u)
+        elif all(typical):  # NOT lossless, opted in (acceptance_method.py, typical_batch.py)
+            output, num_accepted = accept_typical(probs, draft_ids, num_draft, [s.sampling for s in sequences], sample_u)
         else:
             accept_u = counter_uniform(seeds[draft_rows], row_positions[draft_rows], STREAM_ACCEPT)
             support = max([item.q_token_ids.shape[1] for item in items if item.draft_token_ids] or [1])
@@ -162,6 +175,9 @@ class TargetVerifier:
             cu = to_device([0] + list(accumulate(num_draft)), torch.int64, device)
             output, num_accepted = rejection_sample(probs, draft_ids, q_ids, q_probs, cu, accept_u, sample_u,
                                                     max_num_draft=max(num_draft, default=0))
+            if any(typical):  # a mixed batch: typical verdicts for the sequences that opted in
+                output, num_accepted = merge_typical(typical, accept_typical(
+                    probs, draft_ids, num_draft, [s.sampling for s in sequences], sample_u), (output, num_accepted))
         output, num_accepted = to_host(output, num_accepted)
         output, num_accepted = output.tolist(), num_accepted.tolist()
 
