@@ -203,11 +203,12 @@ def test_metrics_move_as_requests_run(observed):
     assert sum(grew(d, "specsplit_stage_latency_seconds_count", stage="propose") for d in ("draft_a", "draft_b")) > 0
     c1 = after["coordinator"]
     for v in WEIGHTS:
-        if value(c1, "specsplit_speculative_rounds_total", variant=v, method="rejection"):
-            ratio = value(c1, "specsplit_accepted_tokens_total", variant=v, method="rejection") / value(c1, "specsplit_drafted_tokens_total", variant=v, method="rejection")
-            assert value(c1, "specsplit_acceptance_rate", variant=v, method="rejection") == pytest.approx(ratio)
-            assert 1.0 <= value(c1, "specsplit_mean_accepted_length", variant=v, method="rejection") <= 5.0
-            assert 0.2 <= value(c1, "specsplit_system_efficiency", variant=v, method="rejection") <= 1.0
+        labels = dict(variant=v, method="rejection")
+        if value(c1, "specsplit_speculative_rounds_total", **labels):
+            ratio = value(c1, "specsplit_accepted_tokens_total", **labels) / value(c1, "specsplit_drafted_tokens_total", **labels)
+            assert value(c1, "specsplit_acceptance_rate", **labels) == pytest.approx(ratio)
+            assert 1.0 <= value(c1, "specsplit_mean_accepted_length", **labels) <= 5.0
+            assert 0.2 <= value(c1, "specsplit_system_efficiency", **labels) <= 1.0
     assert value(c1, "specsplit_running_sequences", role="coordinator") == 0
     # The prefix cache: the second of two identical 40-token prompts finds its first two blocks on both workers.
     with Client(cluster.addresses["coordinator"], timeout=60) as client:
