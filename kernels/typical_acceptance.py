@@ -44,11 +44,13 @@ from specsplit.kernels.rejection_sampling import sample_from_probs_torch
 
 
 def typical_bound(probs: torch.Tensor, posterior_threshold, posterior_alpha) -> torch.Tensor:
-    """min(threshold, alpha * exp(-entropy)) per row of probs [N, V] -> [N] float32 (0 log 0 counts as 0)."""
+    """min(threshold, alpha * exp(-entropy)) per row of probs [N, V] -> [N] float32 (0 log 0 counts as 0).
+    Parameters are floats or [N] tensors on probs' device (floats become kernel arguments, never copies)."""
     entropy = torch.special.entr(probs.float()).sum(dim=-1)
-    threshold = torch.as_tensor(posterior_threshold, dtype=torch.float32, device=probs.device)
-    alpha = torch.as_tensor(posterior_alpha, dtype=torch.float32, device=probs.device)
-    return torch.minimum(threshold.expand_as(entropy), alpha * torch.exp(-entropy))
+    scaled = posterior_alpha * torch.exp(-entropy)
+    if torch.is_tensor(posterior_threshold):
+        return torch.minimum(scaled, posterior_threshold.to(scaled.dtype))
+    return scaled.clamp(max=posterior_threshold)
 
 
 def typical_accept_torch(
