@@ -5,17 +5,19 @@ first `--prompts` HumanEval prompts, `--max-tokens` each, sampled at temperature
 the same for both methods), plus greedy as a check that both methods emit the target's tokens there.
 One engine serves every configuration: its target allows typical acceptance per request, so each request picks
 its method and the two are measured on the same loaded models, one configuration after the other (the prompts of
-a configuration run concurrently, one batch per round).
+a configuration run `--concurrency` at a time, one batch per round; the warm-up puts every prompt in the prefix
+cache, so no configuration pays the prefills).
 
 Records per configuration: acceptance rate (accepted / drafted), tokens per speculative round (accepted + 1 per
 round, the quantity speed follows), acceptance per position, and how many output tokens match the rejection
 sampling run of the same seed (typical output is not the target's distribution, so they drift apart).
 
-    python bench/bench_typical_acceptance_cpu.py [--prompts 6] [--max-tokens 64]
+    python bench/bench_typical_acceptance_cpu.py [--prompts 6] [--max-tokens 64] [--concurrency 6]
 """
 
 import argparse
 import asyncio
+import resource
 import sys
 import time
 from pathlib import Path
@@ -34,14 +36,16 @@ TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 K = 4
 
 
-def run_config(engine, prompts, temperature: float, method: str, max_tokens: int):
+def run_config(engine, prompts, temperature: float, method: str, max_tokens: int, concurrency: int):
     params = [SamplingParams(temperature=temperature, seed=i, max_tokens=max_tokens, ignore_eos=True,
                              num_speculative_tokens=K, acceptance_method=method) for i in range(len(prompts))]
 
     async def main():
-        start = time.perf_counter()
-        results = await asyncio.gather(*(engine.generate(p, q) for p, q in zip(prompts, params)))
-        await engine.coordinator.wait_idle()
+        start, results = time.perf_counter(), []
+        for first in range(0, len(prompts), concurrency):
+            chunk = range(first, min(first + concurrency, len(prompts)))
+            results += await asyncio.gather(*(engine.generate(prompts[i], params[i]) for i in chunk))
+            await engine.coordinator.wait_idle()
         return results, time.perf_counter() - start
 
     return asyncio.run(main())
@@ -72,18 +76,20 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--temperatures", default="0.7,1.0")
+    parser.add_argument("--concurrency", type=int, default=6, help="requests at a time (memory grows with it)")
     args = parser.parse_args()
 
     policy = AcceptancePolicy(allow_typical_per_request=True)  # defaults: threshold 0.09, alpha 0.3
     engine = LocalEngine(str(resolve_model(TARGET)), str(resolve_model(DRAFT)), num_speculative_tokens=K,
                          acceptance=policy)
     prompts = [p["prompt"] for p in humaneval_prompts(args.prompts)]
-    run_config(engine, prompts[:1], 0.0, "rejection", 4)  # warm-up: first-call costs, prompt KV into the prefix cache
+    # Warm-up: first-call costs, and every prompt's KV into the prefix cache.
+    run_config(engine, prompts, 0.0, "rejection", 2, args.concurrency)
 
     rows, outputs = [], {}
     for temperature in [0.0] + [float(t) for t in args.temperatures.split(",")]:
         for method in ("rejection", "typical"):
-            results, seconds = run_config(engine, prompts, temperature, method, args.max_tokens)
+            results, seconds = run_config(engine, prompts, temperature, method, args.max_tokens, args.concurrency)
             assert all(r.acceptance_method == method for r in results)
             outputs[temperature, method] = [r.token_ids for r in results]
             reference = outputs[temperature, "rejection"]
@@ -103,7 +109,8 @@ def main() -> None:
     print(f"greedy output identical under both methods: {greedy_equal}")
     path = write_results("typical_acceptance_cpu", rows, {
         "models": {"target": TARGET, "draft": DRAFT, "dtype": "float32", "weights": "target packed, draft int8"},
-        "k": K, "prompts": f"HumanEval[:{args.prompts}]", "max_tokens": args.max_tokens,
+        "k": K, "prompts": f"HumanEval[:{args.prompts}]", "max_tokens": args.max_tokens, "concurrency": args.concurrency,
+        "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
         "typical_parameters": {"posterior_threshold": policy.posterior_threshold, "posterior_alpha": policy.posterior_alpha},
         "greedy_output_identical": greedy_equal,
         "note": "typical acceptance is NOT lossless; acceptance_rate_ci95 is a Wilson interval over drafted tokens "
