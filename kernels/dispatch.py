@@ -18,6 +18,7 @@ from specsplit.kernels.rejection_sampling import rejection_sample_torch, sample_
 from specsplit.kernels.rms_norm import add_rms_norm_torch
 from specsplit.kernels.rotary_kv import rotary_kv_torch
 from specsplit.kernels.silu_mul import silu_mul_torch
+from specsplit.kernels.typical_acceptance import typical_accept_torch
 
 ENV_VAR = "SPECSPLIT_KERNELS"
 
@@ -114,6 +115,15 @@ def rejection_sample(target_probs, draft_token_ids, q_token_ids, q_probs, num_dr
                                            accept_uniforms, sample_uniforms)
     return rejection_sample_torch(target_probs, draft_token_ids, q_token_ids, q_probs, num_draft,
                                   accept_uniforms, sample_uniforms)
+
+
+def typical_accept(target_probs, draft_token_ids, num_draft, sample_uniforms, posterior_threshold,
+                   posterior_alpha) -> tuple[torch.Tensor, torch.Tensor]:
+    """NOT lossless (opt-in). Padded layout (kernels/typical_acceptance.py); batched tensor ops with fixed shapes and
+    no host reads, the same on every device and inside CUDA graphs; only its final inverse-CDF sample goes to the
+    Triton kernel where that is used."""
+    return typical_accept_torch(target_probs, draft_token_ids, num_draft, sample_uniforms, posterior_threshold,
+                                posterior_alpha, sample=sample_from_probs)
 
 
 def sample_from_probs(probs, uniforms) -> torch.Tensor:

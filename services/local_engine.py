@@ -13,6 +13,7 @@ from specsplit.services.models.loader import LoadedModel, load_model
 from specsplit.services.models.weight_formats import target_weight_request, use_weight_format
 from specsplit.services.runtime.model_runner import ModelRunner
 from specsplit.services.sampling_params import SamplingParams
+from specsplit.services.target.acceptance_method import AcceptancePolicy
 from specsplit.services.target.verifier import TargetVerifier
 from specsplit.services.tokenization import encode_prompt
 
@@ -46,13 +47,15 @@ class LocalEngine:
         prefix_caching: bool = True,
         speculation: str = "adaptive",
         warm_up: bool = True,
+        acceptance: AcceptancePolicy | None = None,
     ):
         """`synthetic_acceptance`: BENCHMARK ONLY, not lossless (services/target/synthetic_acceptance.py).
         `target_weights` / `draft_weights`: how each model's linear layers hold weights (models/weight_formats.py);
         a target-only engine (no draft) turns "auto" into dense, the fastest layout for one row at a time.
         `speculation`: "adaptive" (k per round, up to num_speculative_tokens) or "fixed" (always that k); a given
         `coordinator_config` keeps its own. `warm_up`: on a GPU, capture the rounds' graphs before the first request
-        (a few seconds) instead of when each shape first comes up."""
+        (a few seconds) instead of when each shape first comes up.
+        `acceptance`: the target's acceptance method; None = lossless rejection sampling (typical is NOT lossless)."""
         if num_speculative_tokens < 0:
             raise InvalidArgument(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
         self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype, device)
@@ -65,7 +68,7 @@ class LocalEngine:
             use_weight_format(self.draft, draft_weights, "draft")
         self.target_runner = ModelRunner(self.target, num_blocks=num_kv_blocks, block_size=block_size,
                                          prefix_caching=prefix_caching)
-        self.verifier = TargetVerifier(self.target_runner, synthetic_acceptance=synthetic_acceptance)
+        self.verifier = TargetVerifier(self.target_runner, synthetic_acceptance=synthetic_acceptance, acceptance=acceptance)
         targets = ReplicaPool("target", [LocalTargetClient(self.verifier)])
         drafts = []
         self.proposer = None

@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 
 from specsplit.services.errors import InvalidArgument
+from specsplit.services.target.acceptance_method import check_acceptance
 
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
@@ -21,6 +22,10 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None       # None = no logprobs; n >= 0 = chosen token plus top-n alternatives
     num_speculative_tokens: int | None = None  # None = the server's default; 0 = speculation off
+    # None = the deployment's; "typical" is NOT lossless (services/target/acceptance_method.py)
+    acceptance_method: str | None = None
+    posterior_threshold: float | None = None  # typical acceptance only; None = the deployment's
+    posterior_alpha: float | None = None
 
     @property
     def greedy(self) -> bool:
@@ -48,4 +53,5 @@ class SamplingParams:
         k = self.num_speculative_tokens
         if k is not None and not (0 <= k <= max_speculative_tokens):
             raise InvalidArgument(f"num_speculative_tokens must be in [0, {max_speculative_tokens}], got {k}")
+        check_acceptance(self.acceptance_method, self.posterior_threshold, self.posterior_alpha)
         return self

@@ -7,6 +7,7 @@ import sys
 
 from specsplit.services.models.weight_formats import WEIGHT_FORMATS, target_weight_request
 from specsplit.services.rpc.security import ChannelSecurity, add_server_tls_args, read_tokens, server_security_from_args
+from specsplit.services.target.acceptance_flags import acceptance_argv, acceptance_policy_from_args, add_acceptance_args
 
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -25,6 +26,7 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
             p.add_argument("--synthetic-acceptance", type=float, default=None, metavar="ALPHA",
                            help="BENCHMARK ONLY, NOT LOSSLESS: accept each proposal with probability ALPHA instead of "
                            "the rejection test (for random-weight models); never use when serving")
+            add_acceptance_args(p)
         p.add_argument("--weights", default="auto", choices=WEIGHT_FORMATS,
                        help="how linear weights are held on the CPU: auto = " + ("int8 (drafts only)" if role == "draft" else "packed")
                        + " for float32 on the CPU, dense elsewhere; dense is fastest for target-only decoding at batch 1")
@@ -56,6 +58,7 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
     c.add_argument("--disable-speculation-batch-size", type=int, default=0)
     c.add_argument("--replica-recovery-seconds", type=float, default=30.0,
                    help="how long a request waits for a target replica to come back before UNAVAILABLE")
+    add_logprobs_switch_arg(c)
     add_server_tls_args(c)
     c.add_argument("--auth-token-file", help="require `authorization: Bearer TOKEN` with a token from this file")
     c.add_argument("--worker-tls-ca", help="dial workers over TLS, verifying them with this CA")
@@ -80,6 +83,8 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
     add_model_args(s)
     add_weight_format_args(s)
     add_speculation_arg(s)
+    add_acceptance_args(s)
+    add_logprobs_switch_arg(s)
     s.set_defaults(handler=_run_serve)
 
 
@@ -97,6 +102,14 @@ def add_weight_format_args(p) -> None:
                    help="the target's weight format (auto: packed for float32 on the CPU with a draft, else dense)")
     p.add_argument("--draft-weights", default="auto", choices=WEIGHT_FORMATS,
                    help="the draft's weight format (auto: int8 for float32 on the CPU, else dense)")
+
+
+def add_logprobs_switch_arg(p) -> None:
+    """For commands that run a coordinator (coordinator, serve, generate --local)."""
+    p.add_argument("--no-logprobs-while-speculating", dest="logprobs_while_speculating", action="store_false",
+                   help="never compute logprobs in speculative rounds: a request asking for logprobs is refused with "
+                   "INVALID_ARGUMENT unless it turns speculation off (num_speculative_tokens 0), which gets them from "
+                   "the target alone")
 
 
 def add_metrics_port_arg(p) -> None:
@@ -124,8 +137,10 @@ def _run_worker(args) -> int:
                    weight_format=args.weights, prefix_caching=args.prefix_caching, warm_up_k=args.warm_up_k)
     if args.role == "draft":
         options["draft_support"] = args.draft_support
-    elif args.synthetic_acceptance is not None:
-        options["synthetic_acceptance"] = args.synthetic_acceptance
+    else:
+        options["acceptance"] = acceptance_policy_from_args(args)
+        if args.synthetic_acceptance is not None:
+            options["synthetic_acceptance"] = args.synthetic_acceptance
     asyncio.run(serve_worker(args.role, args.model, args.host, args.port, args.lease_seconds, args.metrics_port,
                              security=server_security_from_args(args), **options))
     return 0
@@ -142,6 +157,7 @@ def _run_coordinator(args) -> int:
         max_waiting=args.max_waiting,
         disable_speculation_batch_size=args.disable_speculation_batch_size,
         replica_recovery_seconds=args.replica_recovery_seconds,
+        logprobs_while_speculating=args.logprobs_while_speculating,
     )
     worker_security = ChannelSecurity(args.worker_tls_ca, args.worker_tls_cert, args.worker_tls_key, args.worker_tls_server_name)
     tokens = read_tokens(args.auth_token_file) if args.auth_token_file else None
@@ -177,16 +193,20 @@ def _run_serve(args) -> int:
         model_flags += ["--num-kv-blocks", str(args.num_kv_blocks)]
     if not args.prefix_caching:
         model_flags += ["--no-prefix-caching"]
+    acceptance_policy_from_args(args)  # refuse bad values before anything starts
     processes = []
     try:
         print(f"starting target ({args.target})" + (f" and draft ({args.draft})" if args.draft else "") + " ...", file=sys.stderr)
         target_weights = target_weight_request(args.target_weights, speculative=bool(args.draft))
         target, target_addr = spawn_service(["target", "--model", args.target, "--host", "127.0.0.1", "--port", "0",
-                                             "--weights", target_weights, *model_flags, *worker_metrics])
+                                             "--weights", target_weights, *model_flags, *worker_metrics,
+                                             *acceptance_argv(args)])
         processes.append(target)
         coordinator_argv = ["coordinator", "--target", target_addr, "--host", args.host, "--port", str(args.port),
                             "-k", str(k if args.draft else 0), "--metrics-port", str(args.metrics_port),
                             "--speculation", args.speculation]
+        if not args.logprobs_while_speculating:
+            coordinator_argv.append("--no-logprobs-while-speculating")
         if args.draft:
             draft, draft_addr = spawn_service(["draft", "--model", args.draft, "--host", "127.0.0.1", "--port", "0",
                                                "--weights", args.draft_weights, *model_flags, *worker_metrics])

@@ -47,6 +47,9 @@ def sampling_params_from_args(args) -> SamplingParams:
         ignore_eos=args.ignore_eos,
         logprobs=args.logprobs,
         num_speculative_tokens=args.num_speculative_tokens,
+        acceptance_method=getattr(args, "acceptance_method", None),
+        posterior_threshold=getattr(args, "posterior_threshold", None),
+        posterior_alpha=getattr(args, "posterior_alpha", None),
     )
 
 
@@ -76,6 +79,7 @@ def result_json(result) -> dict:
         },
         "timings": {"time_to_first_token_s": result.time_to_first_token, "total_s": result.total_time},
         "draft_variant": result.draft_variant,
+        "acceptance_method": result.acceptance_method,  # "typical" is NOT lossless
     }
     if result.logprobs is not None:
         out["logprobs"] = [
@@ -85,13 +89,18 @@ def result_json(result) -> dict:
 
 
 async def _generate_local(args) -> int:
+    from specsplit.services.coordinator.coordinator import CoordinatorConfig
     from specsplit.services.local_engine import LocalEngine
+    from specsplit.services.target.acceptance_flags import acceptance_policy_from_args
 
     k = args.num_speculative_tokens if args.num_speculative_tokens is not None else 4
     engine = LocalEngine(
         args.target, args.draft, num_speculative_tokens=k, dtype=args.dtype, device=args.device,
         num_kv_blocks=args.num_kv_blocks, block_size=args.block_size, prefix_caching=args.prefix_caching,
-        target_weights=args.target_weights, draft_weights=args.draft_weights, speculation=args.speculation,
+        target_weights=args.target_weights, draft_weights=args.draft_weights,
+        acceptance=acceptance_policy_from_args(args),
+        coordinator_config=CoordinatorConfig(speculation=args.speculation,
+                                             logprobs_while_speculating=args.logprobs_while_speculating),
     )
     params = sampling_params_from_args(args)
     request = engine.request(prompt_from_args(args), params, chat=args.chat)
@@ -113,9 +122,10 @@ def print_result(args, result) -> None:
     else:
         sys.stdout.write("\n")
         s = result.stats
+        lossy = ", typical acceptance: NOT lossless" if result.acceptance_method == "typical" else ""
         print(
             f"[{result.finish_reason}] {result.completion_tokens} tokens, {s.rounds} rounds, "
-            f"acceptance {s.acceptance_rate:.2f}, {result.total_time:.2f}s",
+            f"acceptance {s.acceptance_rate:.2f}{lossy}, {result.total_time:.2f}s",
             file=sys.stderr,
         )
 
@@ -139,9 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--tls-server-name", default=None, help="name to verify in the coordinator's certificate (--server)")
     _add_sampling_args(gen)
     _add_model_args(gen)
-    from specsplit.services.service_commands import add_speculation_arg, add_weight_format_args
+    from specsplit.services.service_commands import add_logprobs_switch_arg, add_speculation_arg, add_weight_format_args
+    from specsplit.services.target.acceptance_flags import add_acceptance_args
 
     add_weight_format_args(gen)
+    add_acceptance_args(gen, deployment=False)
+    add_logprobs_switch_arg(gen)
     add_speculation_arg(gen)
     gen.set_defaults(handler=_cmd_generate)
 

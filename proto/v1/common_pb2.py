@@ -24,13 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19specsplit/v1/common.proto\x12\x0cspecsplit.v1\"X\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12%\n\x03top\x18\x03 \x03(\x0b\x32\x18.specsplit.v1.TopLogprob\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19specsplit/v1/common.proto\x12\x0cspecsplit.v1\"X\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12%\n\x03top\x18\x03 \x03(\x0b\x32\x18.specsplit.v1.TopLogprob\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02*q\n\x10\x41\x63\x63\x65ptanceMethod\x12\x1d\n\x19\x41\x43\x43\x45PTANCE_METHOD_DEFAULT\x10\x00\x12\x1f\n\x1b\x41\x43\x43\x45PTANCE_METHOD_REJECTION\x10\x01\x12\x1d\n\x19\x41\x43\x43\x45PTANCE_METHOD_TYPICAL\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specsplit.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_ACCEPTANCEMETHOD']._serialized_start=182
+  _globals['_ACCEPTANCEMETHOD']._serialized_end=295
   _globals['_TOKENLOGPROB']._serialized_start=43
   _globals['_TOKENLOGPROB']._serialized_end=131
   _globals['_TOPLOGPROB']._serialized_start=133

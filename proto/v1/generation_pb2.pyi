@@ -29,7 +29,7 @@ FINISH_REASON_LENGTH: FinishReason
 FINISH_REASON_ABORT: FinishReason
 
 class GenerateRequest(_message.Message):
-    __slots__ = ("request_id", "text", "token_ids", "chat", "sampling", "stopping", "logprobs", "speculation")
+    __slots__ = ("request_id", "text", "token_ids", "chat", "sampling", "stopping", "logprobs", "speculation", "acceptance")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class GenerateRequest(_message.Message):
     STOPPING_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     SPECULATION_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     text: str
     token_ids: TokenIds
@@ -46,7 +47,18 @@ class GenerateRequest(_message.Message):
     stopping: StoppingCriteria
     logprobs: int
     speculation: Speculation
-    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[bool] = ..., sampling: _Optional[_Union[SamplingParameters, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., logprobs: _Optional[int] = ..., speculation: _Optional[_Union[Speculation, _Mapping]] = ...) -> None: ...
+    acceptance: Acceptance
+    def __init__(self, request_id: _Optional[str] = ..., text: _Optional[str] = ..., token_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., chat: _Optional[bool] = ..., sampling: _Optional[_Union[SamplingParameters, _Mapping]] = ..., stopping: _Optional[_Union[StoppingCriteria, _Mapping]] = ..., logprobs: _Optional[int] = ..., speculation: _Optional[_Union[Speculation, _Mapping]] = ..., acceptance: _Optional[_Union[Acceptance, _Mapping]] = ...) -> None: ...
+
+class Acceptance(_message.Message):
+    __slots__ = ("method", "posterior_threshold", "posterior_alpha")
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    POSTERIOR_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    POSTERIOR_ALPHA_FIELD_NUMBER: _ClassVar[int]
+    method: _common_pb2.AcceptanceMethod
+    posterior_threshold: float
+    posterior_alpha: float
+    def __init__(self, method: _Optional[_Union[_common_pb2.AcceptanceMethod, str]] = ..., posterior_threshold: _Optional[float] = ..., posterior_alpha: _Optional[float] = ...) -> None: ...
 
 class TokenIds(_message.Message):
     __slots__ = ("ids",)
@@ -95,7 +107,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
 
 class SpeculationStats(_message.Message):
-    __slots__ = ("rounds", "drafted_tokens", "accepted_tokens", "acceptance_rate", "drafted_per_position", "accepted_per_position", "draft_variant")
+    __slots__ = ("rounds", "drafted_tokens", "accepted_tokens", "acceptance_rate", "drafted_per_position", "accepted_per_position", "draft_variant", "acceptance_method")
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     DRAFTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +115,7 @@ class SpeculationStats(_message.Message):
     DRAFTED_PER_POSITION_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_PER_POSITION_FIELD_NUMBER: _ClassVar[int]
     DRAFT_VARIANT_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_METHOD_FIELD_NUMBER: _ClassVar[int]
     rounds: int
     drafted_tokens: int
     accepted_tokens: int
@@ -110,7 +123,8 @@ class SpeculationStats(_message.Message):
     drafted_per_position: _containers.RepeatedScalarFieldContainer[int]
     accepted_per_position: _containers.RepeatedScalarFieldContainer[int]
     draft_variant: str
-    def __init__(self, rounds: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., drafted_per_position: _Optional[_Iterable[int]] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., draft_variant: _Optional[str] = ...) -> None: ...
+    acceptance_method: _common_pb2.AcceptanceMethod
+    def __init__(self, rounds: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., drafted_per_position: _Optional[_Iterable[int]] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., draft_variant: _Optional[str] = ..., acceptance_method: _Optional[_Union[_common_pb2.AcceptanceMethod, str]] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("time_to_first_token_s", "total_s")

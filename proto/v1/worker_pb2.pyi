@@ -8,16 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class WorkerSampling(_message.Message):
-    __slots__ = ("temperature", "top_k", "top_p", "seed")
+    __slots__ = ("temperature", "top_k", "top_p", "seed", "acceptance_method", "posterior_threshold", "posterior_alpha")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_METHOD_FIELD_NUMBER: _ClassVar[int]
+    POSTERIOR_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    POSTERIOR_ALPHA_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_k: int
     top_p: float
     seed: int
-    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+    acceptance_method: _common_pb2.AcceptanceMethod
+    posterior_threshold: float
+    posterior_alpha: float
+    def __init__(self, temperature: _Optional[float] = ..., top_k: _Optional[int] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., acceptance_method: _Optional[_Union[_common_pb2.AcceptanceMethod, str]] = ..., posterior_threshold: _Optional[float] = ..., posterior_alpha: _Optional[float] = ...) -> None: ...
 
 class ItemStatus(_message.Message):
     __slots__ = ("code", "message")
@@ -148,18 +154,20 @@ class VerifyResponse(_message.Message):
     def __init__(self, results: _Optional[_Iterable[_Union[Verdict, _Mapping]]] = ...) -> None: ...
 
 class Verdict(_message.Message):
-    __slots__ = ("status", "num_accepted", "token_ids", "logprobs", "num_cached")
+    __slots__ = ("status", "num_accepted", "token_ids", "logprobs", "num_cached", "acceptance_method")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_METHOD_FIELD_NUMBER: _ClassVar[int]
     status: ItemStatus
     num_accepted: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]
     num_cached: int
-    def __init__(self, status: _Optional[_Union[ItemStatus, _Mapping]] = ..., num_accepted: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ..., num_cached: _Optional[int] = ...) -> None: ...
+    acceptance_method: _common_pb2.AcceptanceMethod
+    def __init__(self, status: _Optional[_Union[ItemStatus, _Mapping]] = ..., num_accepted: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ..., num_cached: _Optional[int] = ..., acceptance_method: _Optional[_Union[_common_pb2.AcceptanceMethod, str]] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("handles",)

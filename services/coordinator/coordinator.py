@@ -43,6 +43,7 @@ class CoordinatorConfig:
     disable_speculation_batch_size: int = 0  # 0 = never; else speculation is off while this many decode
     replica_recovery_seconds: float = 30.0   # how long a sequence waits for a target replica before UNAVAILABLE
     probe_interval_seconds: float = 2.0      # how often replicas marked down are asked whether they are back
+    logprobs_while_speculating: bool = True  # False: a speculating request may not ask for logprobs (README)
 
 
 class Coordinator:
@@ -72,6 +73,12 @@ class Coordinator:
 
     def submit(self, request: GenerationRequest) -> SequenceState:
         params = request.params.validate(self.config.max_speculative_tokens)
+        if params.logprobs is not None and not self.config.logprobs_while_speculating and self._may_speculate(params):
+            raise InvalidArgument(
+                "this deployment computes no logprobs while speculating (--no-logprobs-while-speculating): ask without "
+                "logprobs, or turn speculation off for this request (num_speculative_tokens 0, SPECULATION_MODE_OFF) "
+                "to get logprobs from the target alone"
+            )
         if not request.prompt_token_ids:
             raise InvalidArgument("prompt must not be empty")
         vocab = self.targets.replicas[0].vocab_size if self.targets.replicas else None
@@ -87,7 +94,8 @@ class Coordinator:
         sequence = SequenceState(
             request=request,
             handle=handle,
-            sampling=WorkerSampling(params.temperature, params.top_k, params.top_p, seed),
+            sampling=WorkerSampling(params.temperature, params.top_k, params.top_p, seed, params.acceptance_method or "",
+                                    params.posterior_threshold, params.posterior_alpha),
             stop=StopChecker(params, self.tokenizer, self.eos_token_ids, max_len or 1 << 62, len(request.prompt_token_ids)),
             draft_variant="",
             committed=list(request.prompt_token_ids),
@@ -204,6 +212,9 @@ class Coordinator:
             self.running.append(self.waiting.popleft())
             room -= 1
 
+    def _may_speculate(self, params) -> bool:
+        return bool(self.drafts) and self.config.num_speculative_tokens > 0 and params.num_speculative_tokens != 0
+
     def _wants_draft(self, sequence: SequenceState) -> bool:
         return (
             bool(self.drafts)
@@ -241,6 +252,7 @@ class Coordinator:
                 sequence.prefilled = True
                 sequence.target_lost_since = None
                 sequence.target_cached = verdict.num_cached
+                sequence.acceptance_method = verdict.acceptance_method or sequence.acceptance_method
                 self._commit(sequence, verdict, num_draft=0 if resumed else None)
 
     async def _attach_drafts(self, sequences: list[SequenceState]) -> None:
@@ -450,6 +462,7 @@ class Coordinator:
             logprobs=sequence.logprobs if params.logprobs is not None else None,
             draft_variant=sequence.draft_variant,
             preemptions=sequence.preemptions,
+            acceptance_method=sequence.acceptance_method,
         )
         for observer in self.observers:
             observer(sequence, "finish")

@@ -59,6 +59,7 @@ class GenerationResult:
     logprobs: list[TokenLogprob] | None = None
     draft_variant: str = ""
     preemptions: int = 0                    # times KV pressure evicted it (it resumed from its committed tokens)
+    acceptance_method: str = "rejection"    # how proposals were accepted; "typical" is NOT lossless
 
     @property
     def completion_tokens(self) -> int:

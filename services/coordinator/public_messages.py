@@ -3,6 +3,7 @@
 from specsplit.proto.v1 import generation_pb2
 from specsplit.services.coordinator.generation import GenerationResult, SpeculationStats, TokenEvent
 from specsplit.services.errors import InvalidArgument
+from specsplit.services.rpc.acceptance_messages import acceptance_method_from_pb, acceptance_method_pb
 from specsplit.services.rpc.logprob_messages import logprobs_from_pb, logprobs_pb
 from specsplit.services.sampling_params import SamplingParams
 
@@ -40,6 +41,12 @@ def request_pb(prompt, params: SamplingParams, chat: bool = False, request_id: s
     elif k is not None:
         m.speculation.mode = generation_pb2.SPECULATION_MODE_CUSTOM
         m.speculation.num_speculative_tokens = k
+    if params.acceptance_method is not None:
+        m.acceptance.method = acceptance_method_pb(params.acceptance_method)
+    if params.posterior_threshold is not None:
+        m.acceptance.posterior_threshold = params.posterior_threshold
+    if params.posterior_alpha is not None:
+        m.acceptance.posterior_alpha = params.posterior_alpha
     return m
 
 
@@ -54,6 +61,7 @@ def params_from_pb(m: generation_pb2.GenerateRequest) -> SamplingParams:
         k = None
     else:
         raise InvalidArgument(f"unknown speculation mode {mode}")
+    acceptance = m.acceptance
     return SamplingParams(
         temperature=s.temperature,
         top_p=s.top_p if s.HasField("top_p") else 1.0,
@@ -65,6 +73,9 @@ def params_from_pb(m: generation_pb2.GenerateRequest) -> SamplingParams:
         ignore_eos=stop.ignore_eos,
         logprobs=m.logprobs if m.HasField("logprobs") else None,
         num_speculative_tokens=k,
+        acceptance_method=acceptance_method_from_pb(acceptance.method) or None,
+        posterior_threshold=acceptance.posterior_threshold if acceptance.HasField("posterior_threshold") else None,
+        posterior_alpha=acceptance.posterior_alpha if acceptance.HasField("posterior_alpha") else None,
     )
 
 
@@ -79,7 +90,7 @@ def prompt_from_pb(m: generation_pb2.GenerateRequest):
     raise InvalidArgument("prompt must not be empty: set text or token_ids")
 
 
-def _stats_pb(stats: SpeculationStats, variant: str) -> generation_pb2.SpeculationStats:
+def _stats_pb(stats: SpeculationStats, variant: str, acceptance_method: str) -> generation_pb2.SpeculationStats:
     return generation_pb2.SpeculationStats(
         rounds=stats.rounds,
         drafted_tokens=stats.draft_tokens,
@@ -88,6 +99,7 @@ def _stats_pb(stats: SpeculationStats, variant: str) -> generation_pb2.Speculati
         drafted_per_position=stats.drafted_per_position,
         accepted_per_position=stats.accepted_per_position,
         draft_variant=variant,
+        acceptance_method=acceptance_method_pb(acceptance_method),
     )
 
 
@@ -98,7 +110,7 @@ def response_pb(result: GenerationResult) -> generation_pb2.GenerateResponse:
         text=result.text,
         finish_reason=FINISH_REASONS.get(result.finish_reason, generation_pb2.FINISH_REASON_UNSPECIFIED),
         usage=generation_pb2.Usage(prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens),
-        speculation=_stats_pb(result.stats, result.draft_variant),
+        speculation=_stats_pb(result.stats, result.draft_variant, result.acceptance_method),
         timings=generation_pb2.Timings(time_to_first_token_s=result.time_to_first_token, total_s=result.total_time),
         logprobs=logprobs_pb(result.logprobs),
     )
@@ -135,4 +147,5 @@ def result_from_pb(m: generation_pb2.GenerateResponse, wants_logprobs: bool = Fa
         total_time=m.timings.total_s,
         logprobs=logprobs_from_pb(m.logprobs) if wants_logprobs else None,
         draft_variant=s.draft_variant,
+        acceptance_method=acceptance_method_from_pb(s.acceptance_method) or "rejection",
     )

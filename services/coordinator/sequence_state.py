@@ -26,6 +26,7 @@ class SequenceState:
     sampling: WorkerSampling
     stop: StopChecker
     draft_variant: str
+    acceptance_method: str = "rejection"  # as the target settled it at prefill ("typical" is NOT lossless)
     committed: list[int] = field(default_factory=list)
     target: object | None = None          # the pinned target replica (a TargetClient)
     draft: object | None = None           # the pinned draft replica (a DraftClient), None = target-only

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from specsplit.proto.v1 import worker_pb2
+from specsplit.services.rpc.acceptance_messages import acceptance_method_from_pb, acceptance_method_pb
 from specsplit.services.draft.proposer import DraftPrefill, Proposal, ProposeItem
 from specsplit.services.rpc.status_codes import code_number, error_from_status, status_code_for
 from specsplit.services.runtime.worker_sequences import WorkerSampling
@@ -24,11 +25,15 @@ def status_pb(error: Exception | None) -> worker_pb2.ItemStatus:
 
 
 def sampling_pb(s: WorkerSampling) -> worker_pb2.WorkerSampling:
-    return worker_pb2.WorkerSampling(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed)
+    return worker_pb2.WorkerSampling(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=s.seed,
+                                     acceptance_method=acceptance_method_pb(s.acceptance_method),
+                                     posterior_threshold=s.posterior_threshold, posterior_alpha=s.posterior_alpha)
 
 
 def sampling_from_pb(m: worker_pb2.WorkerSampling) -> WorkerSampling:
-    return WorkerSampling(m.temperature, m.top_k, m.top_p if m.top_p > 0 else 1.0, m.seed)
+    return WorkerSampling(m.temperature, m.top_k, m.top_p if m.top_p > 0 else 1.0, m.seed,
+                          acceptance_method_from_pb(m.acceptance_method), _optional(m, "posterior_threshold"),
+                          _optional(m, "posterior_alpha"))
 
 
 def pack_ids(t: torch.Tensor) -> bytes:
@@ -184,7 +189,8 @@ def verify_response(results: list) -> worker_pb2.VerifyResponse:
         else:
             out.append(
                 worker_pb2.Verdict(
-                    status=OK, num_accepted=r.num_accepted, token_ids=r.token_ids, logprobs=logprobs_pb(r.logprobs), num_cached=r.num_cached
+                    status=OK, num_accepted=r.num_accepted, token_ids=r.token_ids, logprobs=logprobs_pb(r.logprobs), num_cached=r.num_cached,
+                    acceptance_method=acceptance_method_pb(r.acceptance_method),
                 )
             )
     return worker_pb2.VerifyResponse(results=out)
@@ -197,5 +203,5 @@ def verdicts(response: worker_pb2.VerifyResponse, wants_logprobs: list[bool]) ->
             out.append(error_from_status(r.status.code, r.status.message))
         else:
             lp = logprobs_from_pb(r.logprobs) if wants else None
-            out.append(Verdict(r.num_accepted, list(r.token_ids), lp, r.num_cached))
+            out.append(Verdict(r.num_accepted, list(r.token_ids), lp, r.num_cached, acceptance_method_from_pb(r.acceptance_method)))
     return out

@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 
 def build_worker_service(role: str, model: str, dtype="float32", device="cpu", num_kv_blocks=None, block_size=16, draft_support=32,
-                         synthetic_acceptance=None, weight_format="auto", prefix_caching=True, warm_up_k=4):
+                         synthetic_acceptance=None, weight_format="auto", prefix_caching=True, warm_up_k=4, acceptance=None):
     loaded = load_model(model, dtype, device)
     use_weight_format(loaded, weight_format, role)
     runner = ModelRunner(loaded, num_blocks=num_kv_blocks, block_size=block_size, prefix_caching=prefix_caching)
@@ -29,8 +29,9 @@ def build_worker_service(role: str, model: str, dtype="float32", device="cpu", n
     from specsplit.services.target.server import TargetService
     from specsplit.services.target.verifier import TargetVerifier
 
-    # synthetic_acceptance is for benchmarks only (not lossless); the verifier logs a loud warning when it is set.
-    verifier = TargetVerifier(runner, synthetic_acceptance=synthetic_acceptance)
+    # synthetic_acceptance is for benchmarks only (not lossless); the verifier logs a loud warning when it is set, and
+    # when `acceptance` (an AcceptancePolicy) enables typical acceptance, which is not lossless either.
+    verifier = TargetVerifier(runner, synthetic_acceptance=synthetic_acceptance, acceptance=acceptance)
     _warm_up(verifier, warm_up_k)
     return TargetService(verifier, loaded.name), "specsplit.v1.TargetWorker"
 

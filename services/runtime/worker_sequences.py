@@ -18,6 +18,11 @@ class WorkerSampling:
     top_k: int
     top_p: float
     seed: int
+    # Target only (services/target/acceptance_method.py): "" = the target's default, "rejection" (lossless) or
+    # "typical" (NOT lossless) with its parameters (None = the target's); the target settles them at prefill.
+    acceptance_method: str = ""
+    posterior_threshold: float | None = None
+    posterior_alpha: float | None = None
 
     @property
     def greedy(self) -> bool:

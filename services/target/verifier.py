@@ -24,6 +24,7 @@ from specsplit.services.runtime.worker_sequences import WorkerSampling, WorkerSe
 from specsplit.services.sampling.batch_sampling import sampling_fields, sampling_flags
 from specsplit.services.sampling.token_logprob import TokenLogprob
 from specsplit.services.sampling_params import MAX_LOGPROBS
+from specsplit.services.target.acceptance_method import TYPICAL, AcceptancePolicy
 from specsplit.services.target.synthetic_acceptance import check_alpha, warn_enabled
 from specsplit.services.target.verify_steps import VerifyShape, VerifySteps, decide, pack_decision
 
@@ -53,14 +54,19 @@ class Verdict:
     token_ids: list[int]               # accepted proposals + the recovered or bonus token
     logprobs: list[TokenLogprob] | None
     num_cached: int                    # tokens now in the target's KV
+    acceptance_method: str = ""        # prefill only: the method the sequence got (acceptance_method.py)
 
 
 class TargetVerifier:
-    def __init__(self, runner: ModelRunner, max_speculative_tokens: int = 16, synthetic_acceptance: float | None = None):
-        """`synthetic_acceptance`: BENCHMARK ONLY, not lossless (see synthetic_acceptance.py); None in serving."""
+    def __init__(self, runner: ModelRunner, max_speculative_tokens: int = 16, synthetic_acceptance: float | None = None,
+                 acceptance: AcceptancePolicy | None = None):
+        """`synthetic_acceptance`: BENCHMARK ONLY, not lossless (see synthetic_acceptance.py); None in serving.
+        `acceptance`: rejection sampling (lossless) unless it enables typical acceptance (NOT lossless)."""
         self.runner = runner
         self.sequences = WorkerSequences(runner)
         self.max_speculative_tokens = max_speculative_tokens
+        self.acceptance = acceptance or AcceptancePolicy()
+        self.acceptance.warn_if_lossy("the target verifier")
         self.synthetic_acceptance = None
         if synthetic_acceptance is not None:
             self.synthetic_acceptance = check_alpha(synthetic_acceptance)
@@ -72,7 +78,8 @@ class TargetVerifier:
         started: list[tuple[int, WorkerSequence, ForwardItem]] = []
         for i, item in enumerate(items):
             try:
-                sequence, cached = self.sequences.start(item.handle, item.sampling, item.token_ids, "target")
+                sampling = self.acceptance.resolve(item.sampling)  # the method this sequence keeps
+                sequence, cached = self.sequences.start(item.handle, sampling, item.token_ids, "target")
             except Exception as error:
                 results[i] = error
                 continue
@@ -99,6 +106,7 @@ class TargetVerifier:
             packed = pack_decision(decision, logits if shape.logprobs else None).cpu().numpy()
         for b, (i, sequence, _) in enumerate(started):
             results[i] = self._verdict(packed[b], sequence, sequence.table.num_tokens, 0, items[i].logprobs)
+            results[i].acceptance_method = sequence.sampling.acceptance_method
             self.sequences.prompt_written(sequence, items[i].token_ids)
         return results
 
@@ -146,6 +154,11 @@ class TargetVerifier:
         fields = {"start": starts, "n_delta": [len(item.delta) for item in batch_items], "tokens": tokens,
                   "k": [len(item.draft_token_ids) for item in batch_items],
                   **sampling_fields([s.sampling for s in sequences])}
+        if shape.typical != "none":  # NOT lossless, opted in: each sequence's choice and parameters
+            samplings = [s.sampling for s in sequences]
+            fields["typical"] = [s.acceptance_method == TYPICAL for s in samplings]
+            fields["posterior_threshold"] = [s.posterior_threshold or 0.0 for s in samplings]
+            fields["posterior_alpha"] = [s.posterior_alpha or 0.0 for s in samplings]
         if not shape.greedy and steps:
             rows = [b for b, (i, _) in enumerate(checked) if results[i] is None]
             fields["q_ids"] = _widen(q.ids[rows], steps, support).reshape(len(rows), -1)
@@ -201,7 +214,9 @@ class TargetVerifier:
             raise InvalidArgument(f"sequence would exceed the target's context of {self.runner.max_model_len}")
 
     def _shape(self, sequences, logprobs, width: int, steps: int, support: int, longest: int = 0) -> VerifyShape:
+        typical = [s.sampling.acceptance_method == TYPICAL for s in sequences]
         return VerifyShape(width=width, steps=steps, support=support,
+                           typical="all" if all(typical) else "some" if any(typical) else "none",
                            greedy=all(s.sampling.greedy for s in sequences),
                            sampling=sampling_flags([s.sampling for s in sequences], self.runner.vocab_size,
                                                    fewer_shapes=self.runner.graphs is not None),

@@ -9,7 +9,8 @@ token. Randomness is the counter uniform of the decided position, so a sequence'
 
 `decide` is shared with the prefill (rows from an eager forward): greedy batches compare with the argmax (what the
 rejection sampler reduces to for one-hot distributions, without computing them), sampled ones run the lossless
-rejection sampler (kernels/rejection_sampling.py), and the synthetic-acceptance benchmark mode tosses its coin.
+rejection sampler (kernels/rejection_sampling.py) or, for sequences that opted in, typical acceptance (NOT lossless,
+kernels/typical_acceptance.py), and the synthetic-acceptance benchmark mode tosses its coin.
 Output: one int32 tensor [rows, width]: the k+1 emitted-token slots (-1 past the last), the accepted count, then
 with logprobs each slot's logprob and its top alternatives (floats as bits).
 """
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from specsplit.kernels.counter_rng import STREAM_ACCEPT, STREAM_SAMPLE
-from specsplit.kernels.dispatch import counter_uniform, rejection_sample
+from specsplit.kernels.dispatch import counter_uniform, rejection_sample, typical_accept
 from specsplit.services.runtime.device_block_tables import UPDATE_SLOTS
 from specsplit.services.runtime.step_inputs import Field, StepLayout
 from specsplit.services.sampling.logits_processing import SamplingFlags, processed_probs
@@ -37,6 +38,7 @@ class VerifyShape:
     logprobs: bool           # whether any sequence asked for logprobs
     synthetic: float | None  # BENCHMARK ONLY: the synthetic acceptance rate (target/synthetic_acceptance.py)
     max_context: int         # attention is sized for contexts up to this (runtime/model_runner.context_bound)
+    typical: str = "none"    # NOT LOSSLESS, opted in (target/acceptance_method.py): "none", "all" or "some" sequences
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,9 @@ class VerifySteps:
                   Field("start"), Field("n_delta", pad=1), Field("tokens", shape.width), Field("k"),
                   Field("temperature", is_float=True), Field("top_k"), Field("top_p", is_float=True, pad=1.0),
                   Field("seed")]
+        if shape.typical != "none":  # each sequence's choice and parameters (typical acceptance, NOT lossless)
+            fields += [Field("typical"), Field("posterior_threshold", is_float=True),
+                       Field("posterior_alpha", is_float=True)]
         if not shape.greedy and shape.steps:
             fields += [Field("q_ids", shape.steps * shape.support),
                        Field("q_probs", shape.steps * shape.support, is_float=True)]
@@ -93,7 +98,7 @@ def decide(logits: torch.Tensor, proposals: torch.Tensor, num_draft: torch.Tenso
         probs = _probs(logits, f, shape) if not shape.greedy else None
         output, accepted = synthetic_accept(shape.synthetic, logits, probs, proposals, num_draft, seeds, positions)
         return Decision(output, accepted)
-    if shape.greedy:
+    if shape.greedy:  # typical acceptance reduces to this too: greedy output is exact whatever the method
         best = logits.argmax(dim=-1)  # one-hot p: accept while the proposal is the argmax, then emit the argmax
         columns = torch.arange(width, device=logits.device)[None, :]
         matched = (proposals == best[:, :k]) & (columns[:, :k] < num_draft[:, None])
@@ -103,11 +108,20 @@ def decide(logits: torch.Tensor, proposals: torch.Tensor, num_draft: torch.Tenso
         return Decision(output, accepted)
     probs = _probs(logits, f, shape)
     sample_u = counter_uniform(seeds, positions, STREAM_SAMPLE)
+    if shape.typical != "none" and k:  # NOT lossless: the requests (or the deployment) opted in
+        typical = Decision(*typical_accept(probs, proposals, num_draft, sample_u, f["posterior_threshold"],
+                                           f["posterior_alpha"]))
+        if shape.typical == "all":
+            return typical
     if k == 0:
         q_ids = torch.zeros(num_seqs, 0, 1, dtype=torch.int64, device=logits.device)
         q_probs = torch.zeros(num_seqs, 0, 1, device=logits.device)
     accept_u = counter_uniform(seeds[:, :k], positions[:, :k], STREAM_ACCEPT)
     output, accepted = rejection_sample(probs, proposals, q_ids, q_probs, num_draft, accept_u, sample_u)
+    if shape.typical == "some" and k:  # a mixed batch: the typical verdicts for the sequences that opted in
+        chosen = f["typical"].bool()
+        output = torch.where(chosen[:, None], typical.output, output)
+        accepted = torch.where(chosen, typical.num_accepted, accepted)
     return Decision(output, accepted)
 
 

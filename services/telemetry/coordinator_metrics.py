@@ -2,13 +2,14 @@
 its worker-call timings. Speculation counters live in `CanaryStats` (plain integers under a lock, so the round
 loop does no label lookups) and are exported from there when scraped; latencies are histograms.
 
-Exported (variant = the draft variant that served the request; "none" = the target alone):
-  specsplit_drafted_tokens_total{variant}, specsplit_accepted_tokens_total{variant}
-  specsplit_speculative_rounds_total{variant}
-  specsplit_drafted_position_total{variant,position}, specsplit_accepted_position_total{variant,position}
-  specsplit_acceptance_rate{variant}, specsplit_acceptance_rate_by_position{variant,position}
-  specsplit_mean_accepted_length{variant}       tokens emitted per speculative round (accepted + 1)
-  specsplit_system_efficiency{variant}          emitted / ((k+1) per round)
+Exported (variant = the draft variant that served the request; "none" = the target alone; method = how the target
+accepted proposals: "rejection", lossless, or "typical", NOT lossless, so the two are never mixed in one series):
+  specsplit_drafted_tokens_total{variant,method}, specsplit_accepted_tokens_total{variant,method}
+  specsplit_speculative_rounds_total{variant,method}
+  specsplit_drafted_position_total{variant,method,position}, specsplit_accepted_position_total{variant,method,position}
+  specsplit_acceptance_rate{variant,method}, specsplit_acceptance_rate_by_position{variant,method,position}
+  specsplit_mean_accepted_length{variant,method}  tokens emitted per speculative round (accepted + 1)
+  specsplit_system_efficiency{variant,method}     emitted / ((k+1) per round)
   specsplit_requests_total{variant,finish_reason}
   specsplit_stage_latency_seconds{stage}        prefill / propose / verify worker calls, as round trips
   specsplit_speculation_length                  k the speculation policy chose per round (0 = plain decoding)
@@ -22,6 +23,7 @@ import time
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from specsplit.services.target.acceptance_method import ACCEPTANCE_METHODS
 from specsplit.services.telemetry.canary_stats import NO_VARIANT, CanaryStats
 from specsplit.services.telemetry.worker_telemetry import STAGE_BUCKETS
 
@@ -32,6 +34,7 @@ class CoordinatorMetrics:
     def __init__(self, coordinator, canary: CanaryStats | None = None, registry: CollectorRegistry | None = None):
         self.coordinator = coordinator
         self.canary = canary or CanaryStats(lambda: coordinator.drafts)
+        self.by_method = CanaryStats()  # the same totals keyed by (variant, acceptance method), for the metrics
         self.registry = registry or CollectorRegistry()
         self.stage_latency = Histogram(
             "specsplit_stage_latency_seconds", "Round trip of the coordinator's worker calls by stage",
@@ -83,6 +86,8 @@ class CoordinatorMetrics:
             self.round_time.labels(variant).observe(now - last)
             if stats.draft_tokens > drafted:
                 self.canary.add_round(variant, stats.draft_tokens - drafted, stats.accepted_tokens - accepted)
+                self.by_method.add_round((variant, sequence.acceptance_method), stats.draft_tokens - drafted,
+                                         stats.accepted_tokens - accepted)
         elif event in ("finish", "error"):
             self._seen.pop(sequence, None)
             total = now - sequence.started
@@ -100,44 +105,50 @@ class _SpeculationCollector:
 
     def collect(self):
         totals = self.metrics.canary.snapshot()
-        for pool in list(self.metrics.coordinator.drafts):  # configured variants show up before their first request
-            totals.setdefault(pool.name, None)
+        by_method = self.metrics.by_method.snapshot()
+        # Configured variants show up before their first request, every method at zero until it is used.
+        for name in [*totals, *(pool.name for pool in list(self.metrics.coordinator.drafts))]:
+            for method in ACCEPTANCE_METHODS:
+                by_method.setdefault((name, method), None)
 
-        def counter(name, help_text, labels=("variant",)):
+        def counter(name, help_text, labels=("variant", "method")):
             return CounterMetricFamily(name, help_text, labels=list(labels))
 
-        def gauge(name, help_text, labels=("variant",)):
+        def gauge(name, help_text, labels=("variant", "method")):
             return GaugeMetricFamily(name, help_text, labels=list(labels))
 
         drafted = counter("specsplit_drafted_tokens", "Draft tokens proposed and verified")
-        accepted = counter("specsplit_accepted_tokens", "Draft tokens accepted by the target")
+        accepted = counter("specsplit_accepted_tokens", "Draft tokens accepted by the target (method typical: NOT lossless)")
         rounds = counter("specsplit_speculative_rounds", "Rounds in which the draft proposed")
-        drafted_at = counter("specsplit_drafted_position", "Draft tokens proposed at each position", ("variant", "position"))
-        accepted_at = counter("specsplit_accepted_position", "Draft tokens accepted at each position", ("variant", "position"))
+        per_position = ("variant", "method", "position")
+        drafted_at = counter("specsplit_drafted_position", "Draft tokens proposed at each position", per_position)
+        accepted_at = counter("specsplit_accepted_position", "Draft tokens accepted at each position", per_position)
         requests = counter("specsplit_requests", "Requests finished", ("variant", "finish_reason"))
         rate = gauge("specsplit_acceptance_rate", "Accepted / drafted tokens since start")
-        rate_at = gauge("specsplit_acceptance_rate_by_position", "Acceptance rate at each proposal position", ("variant", "position"))
+        rate_at = gauge("specsplit_acceptance_rate_by_position", "Acceptance rate at each proposal position", per_position)
         length = gauge("specsplit_mean_accepted_length", "Tokens emitted per speculative round (accepted + 1)")
         efficiency = gauge("specsplit_system_efficiency", "Emitted tokens / verified positions ((k+1) per round)")
         for name, t in totals.items():
-            if t is None:
-                drafted.add_metric([name], 0)
-                accepted.add_metric([name], 0)
-                rounds.add_metric([name], 0)
-                continue
-            drafted.add_metric([name], t.drafted)
-            accepted.add_metric([name], t.accepted)
-            rounds.add_metric([name], t.rounds)
-            for i, (d, a) in enumerate(zip(t.drafted_per_position, t.accepted_per_position)):
-                drafted_at.add_metric([name, str(i)], d)
-                accepted_at.add_metric([name, str(i)], a)
-                rate_at.add_metric([name, str(i)], a / d if d else 0.0)
             for reason, count in t.requests.items():
                 requests.add_metric([name, reason], count)
+        for labels, t in by_method.items():
+            labels = list(labels)
+            if t is None:
+                drafted.add_metric(labels, 0)
+                accepted.add_metric(labels, 0)
+                rounds.add_metric(labels, 0)
+                continue
+            drafted.add_metric(labels, t.drafted)
+            accepted.add_metric(labels, t.accepted)
+            rounds.add_metric(labels, t.rounds)
+            for i, (d, a) in enumerate(zip(t.drafted_per_position, t.accepted_per_position)):
+                drafted_at.add_metric([*labels, str(i)], d)
+                accepted_at.add_metric([*labels, str(i)], a)
+                rate_at.add_metric([*labels, str(i)], a / d if d else 0.0)
             if t.rounds:
-                rate.add_metric([name], t.acceptance_rate)
-                length.add_metric([name], t.mean_accepted_length)
-                efficiency.add_metric([name], t.system_efficiency)
+                rate.add_metric(labels, t.acceptance_rate)
+                length.add_metric(labels, t.mean_accepted_length)
+                efficiency.add_metric(labels, t.system_efficiency)
         coordinator = self.metrics.coordinator
         queue = gauge("specsplit_queue_depth", "Requests admitted but not yet running", ("role",))
         queue.add_metric(["coordinator"], len(coordinator.waiting))

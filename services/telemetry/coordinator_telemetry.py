@@ -74,6 +74,7 @@ class CoordinatorTelemetry:
             "specsplit.rounds": stats.rounds,
             "specsplit.drafted_tokens": stats.draft_tokens,
             "specsplit.accepted_tokens": stats.accepted_tokens,
+            "specsplit.acceptance_method": sequence.acceptance_method,  # "typical" is NOT lossless
         })
         if sequence.first_token_at is not None:
             span.set_attribute("specsplit.time_to_first_token_s", sequence.first_token_at - sequence.started)

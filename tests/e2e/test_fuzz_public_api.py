@@ -36,6 +36,12 @@ def requests(draw):
         m.logprobs = draw(st.one_of(st.integers(0, 25), st.integers(0, 2**32 - 1)))
     m.speculation.mode = draw(st.integers(0, 5))
     m.speculation.num_speculative_tokens = draw(st.one_of(st.integers(0, 20), st.integers(0, 2**32 - 1)))
+    if draw(st.booleans()):  # the cluster's targets run lossless only: typical requests must be refused cleanly
+        m.acceptance.method = draw(st.integers(0, 5))
+        if draw(st.booleans()):
+            m.acceptance.posterior_threshold = draw(st.one_of(st.floats(0, 1, width=32), FLOATS))
+        if draw(st.booleans()):
+            m.acceptance.posterior_alpha = draw(st.one_of(st.floats(0, 2, width=32), FLOATS))
     return m
 
 

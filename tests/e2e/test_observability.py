@@ -192,8 +192,8 @@ def test_metrics_move_as_requests_run(observed):
     def grew(service, name, **labels):
         return value(after[service], name, **labels) - value(before[service], name, **labels)
 
-    drafted = sum(grew("coordinator", "specsplit_drafted_tokens_total", variant=v) for v in WEIGHTS)
-    accepted = sum(grew("coordinator", "specsplit_accepted_tokens_total", variant=v) for v in WEIGHTS)
+    drafted = sum(grew("coordinator", "specsplit_drafted_tokens_total", variant=v, method="rejection") for v in WEIGHTS)
+    accepted = sum(grew("coordinator", "specsplit_accepted_tokens_total", variant=v, method="rejection") for v in WEIGHTS)
     assert drafted == sum(r.stats.draft_tokens for r in results) + chunks[-1].speculation.drafted_tokens
     assert accepted == sum(r.stats.accepted_tokens for r in results) + chunks[-1].speculation.accepted_tokens
     assert sum(grew("coordinator", "specsplit_requests_total", variant=v, finish_reason="length") for v in WEIGHTS) == 3
@@ -204,11 +204,12 @@ def test_metrics_move_as_requests_run(observed):
     assert sum(grew(d, "specsplit_stage_latency_seconds_count", stage="propose") for d in ("draft_a", "draft_b")) > 0
     c1 = after["coordinator"]
     for v in WEIGHTS:
-        if value(c1, "specsplit_speculative_rounds_total", variant=v):
-            ratio = value(c1, "specsplit_accepted_tokens_total", variant=v) / value(c1, "specsplit_drafted_tokens_total", variant=v)
-            assert value(c1, "specsplit_acceptance_rate", variant=v) == pytest.approx(ratio)
-            assert 1.0 <= value(c1, "specsplit_mean_accepted_length", variant=v) <= 5.0
-            assert 0.2 <= value(c1, "specsplit_system_efficiency", variant=v) <= 1.0
+        labels = dict(variant=v, method="rejection")
+        if value(c1, "specsplit_speculative_rounds_total", **labels):
+            ratio = value(c1, "specsplit_accepted_tokens_total", **labels) / value(c1, "specsplit_drafted_tokens_total", **labels)
+            assert value(c1, "specsplit_acceptance_rate", **labels) == pytest.approx(ratio)
+            assert 1.0 <= value(c1, "specsplit_mean_accepted_length", **labels) <= 5.0
+            assert 0.2 <= value(c1, "specsplit_system_efficiency", **labels) <= 1.0
     assert value(c1, "specsplit_running_sequences", role="coordinator") == 0
     # The prefix cache: the second of two identical 40-token prompts finds its first two blocks on both workers.
     with Client(cluster.addresses["coordinator"], timeout=60) as client:

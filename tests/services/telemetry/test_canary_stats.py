@@ -92,20 +92,20 @@ def test_totals_equal_the_requests_own_statistics(two_variants):
 
     for variant in ("stable", "canary"):
         mine = [r for r in results if r.draft_variant == variant]
-        assert grew("specsplit_drafted_tokens_total", variant=variant) == sum(r.stats.draft_tokens for r in mine)
-        assert grew("specsplit_accepted_tokens_total", variant=variant) == sum(r.stats.accepted_tokens for r in mine)
+        assert grew("specsplit_drafted_tokens_total", method="rejection", variant=variant) == sum(r.stats.draft_tokens for r in mine)
+        assert grew("specsplit_accepted_tokens_total", method="rejection", variant=variant) == sum(r.stats.accepted_tokens for r in mine)
         assert grew("specsplit_requests_total", variant=variant, finish_reason="length") == len(mine)
         for i in range(4):
-            assert grew("specsplit_drafted_position_total", variant=variant, position=str(i)) == sum(
+            assert grew("specsplit_drafted_position_total", method="rejection", variant=variant, position=str(i)) == sum(
                 r.stats.drafted_per_position[i] for r in mine if len(r.stats.drafted_per_position) > i)
-            assert grew("specsplit_accepted_position_total", variant=variant, position=str(i)) == sum(
+            assert grew("specsplit_accepted_position_total", method="rejection", variant=variant, position=str(i)) == sum(
                 r.stats.accepted_per_position[i] for r in mine if len(r.stats.accepted_per_position) > i)
         assert grew("specsplit_time_to_first_token_seconds_count", variant=variant) == len(mine)
         assert grew("specsplit_inter_token_latency_seconds_count", variant=variant) == len(mine)
     totals = metrics.canary.snapshot()
     stable, canary = totals["stable"], totals["canary"]
-    assert after[("specsplit_acceptance_rate", (("variant", "stable"),))] == pytest.approx(stable.accepted / stable.drafted)
-    efficiency = after[("specsplit_system_efficiency", (("variant", "stable"),))]
+    assert after[("specsplit_acceptance_rate", (("method", "rejection"), ("variant", "stable")))] == pytest.approx(stable.accepted / stable.drafted)
+    efficiency = after[("specsplit_system_efficiency", (("method", "rejection"), ("variant", "stable")))]
     assert efficiency == pytest.approx((stable.accepted + stable.rounds) / (stable.drafted + stable.rounds))
     # The close draft is accepted far more often than the unrelated one: the statistics tell them apart.
     assert stable.acceptance_rate > 0.2 > 0.05 > canary.acceptance_rate

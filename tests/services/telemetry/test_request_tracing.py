@@ -83,6 +83,7 @@ def test_request_span_and_its_worker_calls(engine, spans):
     assert a["gen_ai.usage.input_tokens"] == len("def add(a, b):") and a["gen_ai.usage.output_tokens"] == 12
     assert a["gen_ai.response.finish_reasons"] == ("length",) and a["gen_ai.response.id"] == result.request_id
     assert a["specsplit.draft_variant"] == "default" and a["specsplit.rounds"] == result.stats.rounds
+    assert a["specsplit.acceptance_method"] == result.acceptance_method == "rejection"
     children = [s for s in finished if s.parent is not None and s.parent.span_id == request.context.span_id]
     assert len(children) == len(finished) - 1  # everything else hangs off the request
     assert all(s.context.trace_id == request.context.trace_id and s.kind == SpanKind.CLIENT for s in children)
