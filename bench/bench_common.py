@@ -32,7 +32,7 @@ def machine() -> dict:
 
 
 def commit() -> str:
-    if os.environ.get("SPECSPLIT_COMMIT"):
+    if os.environ.get("SPECSPLIT_COMMIT"):  # set it where the tree is a copy without its history (a GPU machine)
         return os.environ["SPECSPLIT_COMMIT"]
     try:
         sha = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, text=True).strip()

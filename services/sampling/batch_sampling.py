@@ -1,21 +1,9 @@
-"""Per-row sampling settings gathered into tensors, so one call processes rows of many requests."""
+"""Per-row sampling settings gathered for a batch: the step programs' per-sequence fields and the processing flags."""
 
 import numpy as np
-import torch
 
-from specsplit.services.runtime.host_transfer import to_device
 from specsplit.services.runtime.worker_sequences import WorkerSampling
 from specsplit.services.sampling.logits_processing import SamplingFlags
-
-
-def sampling_tensors(rows: list[WorkerSampling], device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> temperature [N] f32, top_k [N] i64, top_p [N] f32, seeds [N] i64."""
-    return (
-        to_device([r.temperature for r in rows], torch.float32, device),
-        to_device([r.top_k for r in rows], torch.int64, device),
-        to_device([r.top_p for r in rows], torch.float32, device),
-        to_device([r.seed for r in rows], torch.int64, device),
-    )
 
 
 def sampling_fields(rows: list[WorkerSampling]) -> dict[str, np.ndarray]:
