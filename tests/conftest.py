@@ -1,5 +1,7 @@
 """Shared fixtures: tiny random-weight model folders built from real `transformers` configs."""
 
+import gc
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +12,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent / "e2e"))
 
 from tiny_models import build_model, perturbed_copy, save_model  # noqa: E402
+
+# Tiny models need little KV: 64 MiB per runner unless a test gives a block count (the default, 1 GiB, is zeroed memory
+# per runner, and engines in reference cycles outlive their tests until the collector runs).
+os.environ.setdefault("SPECSPLIT_KV_CACHE_BYTES", str(64 << 20))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _collect_engines_after_each_module():
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

@@ -29,6 +29,7 @@ from specsplit.services.runtime.host_transfer import to_device
 
 CUDA_GRAPHS_ENV = "SPECSPLIT_CUDA_GRAPHS"  # "0" turns them off (benchmarks compare both)
 CONTEXT_CLASSES = (256, 2048)  # then the served context
+KV_CACHE_BYTES_ENV = "SPECSPLIT_KV_CACHE_BYTES"  # the KV cache's size when no block count is given (default 1 GiB)
 
 
 @dataclass
@@ -44,7 +45,7 @@ class ModelRunner:
         loaded: LoadedModel,
         num_blocks: int | None = None,
         block_size: int = 16,
-        kv_cache_bytes: int = 1 << 30,
+        kv_cache_bytes: int | None = None,
         max_batch_tokens: int = 2048,
         cuda_graphs: bool | None = None,
         prefix_caching: bool = True,
@@ -58,6 +59,7 @@ class ModelRunner:
         param = next(self.model.parameters())
         self.device, self.dtype = param.device, param.dtype
         if num_blocks is None:
+            kv_cache_bytes = kv_cache_bytes or int(os.environ.get(KV_CACHE_BYTES_ENV, 1 << 30))
             num_blocks = max(kv_cache_bytes // PagedKVCache.bytes_per_block(self.config, block_size, self.dtype), 1)
         if cuda_graphs is None:
             cuda_graphs = param.is_cuda and use_triton(param) and os.environ.get(CUDA_GRAPHS_ENV, "1") != "0"

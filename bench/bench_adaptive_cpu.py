@@ -1,0 +1,114 @@
+"""Speculation that never loses, on the CPU: the real 1.5B target with a draft that never agrees with it (a 0.5B
+Qwen2.5-shaped model with random weights, same vocabulary), under adaptive speculation, against the target alone,
+in process and through the services (`specsplit serve`), side by side in one run.
+
+The policy (services/coordinator/speculation_policy.py) measures both ends first, then keeps k = 0 and probes with
+one proposal every 32 rounds. One untimed request per system lets it measure before the timed ones (a deployment
+measures once, at its first requests). Greedy, HumanEval prompts, `--tokens` new tokens each, one at a time.
+
+    python bench/bench_adaptive_cpu.py [--prompts 3] [--tokens 48]
+"""
+
+import argparse
+import asyncio
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from bench_common import print_table, write_results  # noqa: E402
+from bench_real_pair_cpu import Services  # noqa: E402
+from prompts import humaneval_prompts  # noqa: E402
+from specsplit.client import Client  # noqa: E402
+from specsplit.services.local_engine import LocalEngine  # noqa: E402
+from specsplit.services.models.prepare import resolve_model  # noqa: E402
+from specsplit.services.sampling_params import SamplingParams  # noqa: E402
+
+TARGET = "qwen2.5-coder-1.5b-instruct"
+
+
+def unrelated_draft(folder: Path, target_dir: Path) -> Path:
+    """A Qwen2.5-0.5B-shaped draft with random weights and the target's vocabulary and tokenizer files."""
+    from transformers import AutoConfig, Qwen2ForCausalLM
+
+    config = AutoConfig.from_pretrained(target_dir)
+    config.update(dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                       num_key_value_heads=2, tie_word_embeddings=True))
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config).float()
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (target_dir / name).exists():
+            (folder / name).write_bytes((target_dir / name).read_bytes())
+    return folder
+
+
+def timed_in_process(engine: LocalEngine, prompts: list[str], tokens: int) -> tuple[float, list]:
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True)
+
+    async def main():
+        results, start = [], time.perf_counter()
+        for prompt in prompts:
+            results.append(await engine.generate(prompt, params))
+        return time.perf_counter() - start, results
+
+    return asyncio.run(main())
+
+
+def timed_services(address: str, prompts: list[str], tokens: int) -> tuple[float, list]:
+    with Client(address, timeout=3600) as client:
+        start = time.perf_counter()
+        results = [client.generate(p, max_tokens=tokens, ignore_eos=True) for p in prompts]
+        return time.perf_counter() - start, results
+
+
+def row(system: str, seconds: float, results: list) -> dict:
+    tokens = sum(len(r.token_ids) for r in results)
+    drafted = sum(r.stats.draft_tokens for r in results)
+    rounds = sum(r.stats.rounds for r in results)
+    return {"system": system, "tokens_per_s": tokens / seconds, "seconds": seconds, "rounds": rounds,
+            "drafted_tokens": drafted, "drafted_per_round": drafted / rounds if rounds else 0.0}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--prompts", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=48)
+    args = parser.parse_args()
+    target_dir = Path(resolve_model(TARGET))
+    draft_dir = unrelated_draft(Path(tempfile.mkdtemp()) / "unrelated-0.5b", target_dir)
+    prompts = humaneval_prompts(args.prompts + 1)
+    warm, timed = prompts[0], prompts[1:]
+    rows = []
+
+    alone = LocalEngine(str(target_dir), None, num_speculative_tokens=0)
+    timed_in_process(alone, [warm], 8)
+    seconds, baseline = timed_in_process(alone, timed, args.tokens)
+    rows.append(row("in-process target-only", seconds, baseline))
+    del alone
+    engine = LocalEngine(str(target_dir), str(draft_dir), num_speculative_tokens=4)  # adaptive by default
+    timed_in_process(engine, [warm], args.tokens)
+    seconds, results = timed_in_process(engine, timed, args.tokens)
+    rows.append(row("in-process adaptive, unrelated draft", seconds, results))
+    assert [r.token_ids for r in results] == [r.token_ids for r in baseline]  # exact whatever k was
+    del engine
+
+    with Services(target_dir, None, 2048) as address:
+        timed_services(address, [warm], 8)
+        rows.append(row("services target-only", *timed_services(address, timed, args.tokens)))
+    with Services(target_dir, draft_dir, 2048) as address:
+        timed_services(address, [warm], args.tokens)
+        rows.append(row("services adaptive, unrelated draft", *timed_services(address, timed, args.tokens)))
+    for adaptive, reference in ((rows[1], rows[0]), (rows[3], rows[2])):
+        adaptive["vs_target_only"] = adaptive["tokens_per_s"] / reference["tokens_per_s"]
+    write_results("adaptive_unrelated_cpu", rows, {"prompts": args.prompts, "tokens": args.tokens,
+                                                    "draft": "random-weight Qwen2.5-0.5B shape (never agrees)"})
+    print_table(rows, ["system", "tokens_per_s", "seconds", "rounds", "drafted_per_round", "vs_target_only"])
+
+
+if __name__ == "__main__":
+    main()
