@@ -133,11 +133,62 @@ def run_local(engine: LocalEngine, batch: int, k: int | None, max_tokens: int):
         await engine.coordinator.wait_idle()
         return results, elapsed
 
-    runs = [summarize(*asyncio.run(main()), batch) for _ in range(REPEATS)]
+    runs = []
+    for _ in range(REPEATS):
+        with DraftWork(engine) as work:
+            run = summarize(*asyncio.run(main()), batch)
+        runs.append({**run, **work.summary()})
     runs.sort(key=lambda r: r["tokens_per_s_total"])
     median = dict(runs[len(runs) // 2])
     median["repeats_tokens_per_s_total"] = [r["tokens_per_s_total"] for r in runs]
     return median
+
+
+class DraftWork:
+    """Where a run's time goes besides the target: the speculation lengths the policy chose (rounds per k) and the
+    draft's calls (prefills of new requests, proposals with their catch-ups), counted and timed (each call ends with
+    its one wait, so wall time is device time plus the call's host work)."""
+
+    def __init__(self, engine: LocalEngine):
+        self.engine = engine
+        self.k_rounds: dict[int, int] = {}
+        self.calls = {"draft_prefill": [0, 0.0], "draft_propose": [0, 0.0]}
+
+    def __enter__(self):
+        policy, proposer = self.engine.coordinator.policy, self.engine.proposer
+        self.saved = (policy.choose, proposer and proposer.prefill, proposer and proposer.propose)
+
+        def choose(*args, **kwargs):
+            k = self.saved[0](*args, **kwargs)
+            self.k_rounds[k] = self.k_rounds.get(k, 0) + 1
+            return k
+
+        def timed(name, call):
+            def wrapper(*args, **kwargs):
+                t0 = time.perf_counter()
+                try:
+                    return call(*args, **kwargs)
+                finally:
+                    self.calls[name][0] += 1
+                    self.calls[name][1] += time.perf_counter() - t0
+            return wrapper
+
+        policy.choose = choose
+        if proposer is not None:
+            proposer.prefill = timed("draft_prefill", self.saved[1])
+            proposer.propose = timed("draft_propose", self.saved[2])
+        return self
+
+    def __exit__(self, *exc):
+        policy, proposer = self.engine.coordinator.policy, self.engine.proposer
+        del policy.choose
+        if proposer is not None:
+            del proposer.prefill, proposer.propose
+
+    def summary(self) -> dict:
+        return {"rounds_per_k": dict(sorted(self.k_rounds.items())),
+                **{f"{name}_calls": n for name, (n, _) in self.calls.items()},
+                **{f"{name}_seconds": s for name, (_, s) in self.calls.items()}}
 
 
 def summarize(results, elapsed, batch) -> dict:
