@@ -35,8 +35,9 @@ VOCAB = 151936
 TOKEN = 4416  # a plain word piece of the Qwen vocabulary
 
 
-def instant_steps(runner):
-    """Replace `runner.run_step` by its host work plus a made-up result (see the module docstring)."""
+def instant_steps(runner, accept: bool = True):
+    """Replace `runner.run_step` by its host work plus a made-up result (see the module docstring); `accept` False:
+    every proposal is rejected, as with an unrelated draft."""
 
     def run_step(program, shape, values, tables):
         bucket = bucket_for(len(tables)) or len(tables)
@@ -50,10 +51,11 @@ def instant_steps(runner):
         k = np.asarray(values["k"])
         n_delta = np.asarray(values["n_delta"])
         out = np.full((bucket, shape.steps + 2), -1, dtype=np.int32)
-        for b in range(len(tables)):  # accept every proposal, then a bonus token
-            out[b, : k[b]] = values["tokens"][b, n_delta[b] : n_delta[b] + k[b]]
-            out[b, k[b]] = TOKEN
-            out[b, shape.steps + 1] = k[b]
+        for b in range(len(tables)):  # accept every proposal, then a bonus token (or reject them all)
+            accepted = k[b] if accept else 0
+            out[b, :accepted] = values["tokens"][b, n_delta[b] : n_delta[b] + accepted]
+            out[b, accepted] = TOKEN
+            out[b, shape.steps + 1] = accepted
         return out
 
     runner.run_step = run_step
@@ -73,7 +75,7 @@ def tokenizer(folder: str | None):
     return AutoTokenizer.from_pretrained(folder)
 
 
-def run(engine, batch: int, k: int, tokens: int) -> dict:
+def run(engine, batch: int, k: int | None, tokens: int, mode: str) -> dict:
     params = SamplingParams(max_tokens=tokens, ignore_eos=True, num_speculative_tokens=k)
     prompts = [[TOKEN + i] * 16 for i in range(batch)]
 
@@ -83,7 +85,7 @@ def run(engine, batch: int, k: int, tokens: int) -> dict:
     results = asyncio.run(main())
     # Rounds only: from each request's first token (its prefill, which runs the tiny model for real) to its end.
     per_round = sorted((r.total_time - r.time_to_first_token) / r.stats.rounds for r in results)[len(results) // 2]
-    return {"batch": batch, "k": k, "rounds": results[0].stats.rounds, "host_ms_per_round": 1e3 * per_round,
+    return {"mode": mode, "batch": batch, "k": "adaptive" if k is None else k, "rounds": results[0].stats.rounds, "host_ms_per_round": 1e3 * per_round,
             "host_us_per_round_per_sequence": 1e6 * per_round / batch}
 
 
@@ -99,28 +101,34 @@ def main() -> None:
     model = save_model(build_model("qwen2", seed=0, vocab_size=VOCAB), root / "model", with_tokenizer=False)
     tok = tokenizer(args.tokenizer)
     rows = []
-    for k in (0, 4):
-        engine = LocalEngine(str(model), str(model) if k else None, num_speculative_tokens=max(k, 1),
-                             coordinator_config=CoordinatorConfig(max_num_seqs=256), prefix_caching=False)
+    # Target-only (no draft); a fixed k = 4 with every proposal accepted; and the policy's choice with every
+    # proposal rejected (an unrelated draft: it settles on k = 0 with a probe now and then), whose host time per round
+    # should be target-only's.
+    for mode, k, accept in (("target_only", 0, True), ("fixed_k4", 4, True), ("adaptive_unrelated", None, False)):
+        engine = LocalEngine(str(model), str(model) if k != 0 else None, num_speculative_tokens=4,
+                             coordinator_config=CoordinatorConfig(max_num_seqs=256,
+                                                                  speculation="fixed" if k else "adaptive"),
+                             prefix_caching=False)
         engine.coordinator.tokenizer = tok
         for runner in (engine.target_runner, getattr(engine, "draft_runner", None)):
             if runner is not None:
-                instant_steps(runner)
-        run(engine, 2, k, 8)  # warm-up
+                instant_steps(runner, accept)
+        run(engine, 2, k, 8, mode)  # warm-up
         for batch in [int(b) for b in args.batches.split(",")]:
+            run(engine, batch, k, args.tokens, mode)  # lets the policy measure this batch size
             if args.profile and batch == max(int(b) for b in args.batches.split(",")):
                 profiler = cProfile.Profile()
                 profiler.enable()
-                row = run(engine, batch, k, args.tokens)
+                row = run(engine, batch, k, args.tokens, mode)
                 profiler.disable()
                 pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
             else:
-                row = run(engine, batch, k, args.tokens)
+                row = run(engine, batch, k, args.tokens, mode)
             rows.append(row)
             print(row, flush=True)
     write_results(f"round_host_cpu{args.name}", rows, {"tokens": args.tokens,
                                                        "note": "device work replaced by an instant stand-in"})
-    print_table(rows, ["batch", "k", "rounds", "host_ms_per_round", "host_us_per_round_per_sequence"])
+    print_table(rows, ["mode", "batch", "k", "rounds", "host_ms_per_round", "host_us_per_round_per_sequence"])
 
 
 if __name__ == "__main__":

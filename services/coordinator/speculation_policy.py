@@ -9,8 +9,10 @@ deployment pays are in them), kept per batch bucket and k as the least of the la
 capture, a prefill served in the same worker step, a long catch-up) only ever adds time, so the least is the cost
 of the round itself; rounds that ran beside prefills are not measured at all. A cost not measured is interpolated. A bucket starts by
 measuring both ends (k_max and 0) a few times; an end not chosen for `refresh_interval` rounds is measured once
-more; while k = 0 wins, every `probe_interval`-th round proposes one token to keep the acceptance estimate fresh
-(cost: about one draft step in that many rounds).
+more; while k = 0 wins, a round now and then proposes one token to keep the acceptance estimate fresh: after
+`probe_interval` rounds at first, then twice as long after each probe that leaves k = 0 winning, up to
+`MAX_PROBE_BACKOFF` times longer (a draft that never agrees costs ever less; one that starts agreeing is noticed
+within a few hundred rounds).
 
 Acceptance is estimated per sequence from its own rounds (accepted / tested proposals, a proposal after the first
 rejection is not tested), starting from the running rate of its draft variant, so a new request starts from what
@@ -24,6 +26,7 @@ PRIOR_WEIGHT = 4.0       # proposals' worth of the variant's rate that a sequenc
 VARIANT_SMOOTHING = 0.2  # weight of a round in its draft variant's running acceptance rate
 COST_SAMPLES = 5         # a cost is the least of this many latest measurements
 SAMPLES_BEFORE_CHOOSING = 3
+MAX_PROBE_BACKOFF = 8    # the interval between probes grows to at most this many times probe_interval
 
 
 @dataclass
@@ -44,6 +47,7 @@ class BucketCosts:
     measured_at: dict[int, int] = field(default_factory=dict)  # k -> round of its latest measurement
     rounds: int = 0
     rounds_at_zero: int = 0                                   # consecutive rounds that chose k = 0
+    probe_backoff: int = 1                                    # the probe interval's current multiple
 
     def count(self, k: int) -> int:
         return len(self.verify.get(k, ()))
@@ -119,10 +123,12 @@ class SpeculationPolicy:
                 best, best_rate = k, throughput
         if best == 0:
             costs.rounds_at_zero += 1
-            if costs.rounds_at_zero % self.probe_interval == 0:
+            if costs.rounds_at_zero >= self.probe_interval * costs.probe_backoff:
+                costs.rounds_at_zero = 0
+                costs.probe_backoff = min(2 * costs.probe_backoff, MAX_PROBE_BACKOFF)
                 return 1  # keep the acceptance estimate alive
         else:
-            costs.rounds_at_zero = 0
+            costs.rounds_at_zero, costs.probe_backoff = 0, 1
         return best
 
     @staticmethod

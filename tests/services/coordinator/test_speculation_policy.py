@@ -59,9 +59,20 @@ def test_picks_the_k_with_the_most_tokens_per_second():
 def test_a_useless_draft_is_switched_off_but_probed():
     policy = SpeculationPolicy(16, probe_interval=8)
     measured(policy, batch=2, decode=0.010, verify=0.011, propose_per_k=0.002)
-    picks = [policy.choose([0.0, 0.0], 2, 4) for _ in range(24)]
-    assert picks.count(0) == 21 and picks.count(1) == 3  # one probe of one token every 8 rounds
-    assert [i for i, k in enumerate(picks) if k] == [7, 15, 23]
+    picks = [policy.choose([0.0, 0.0], 2, 4) for _ in range(200)]
+    assert set(picks) == {0, 1}  # only probes of one token
+    # After 8 rounds, then twice as long after each probe that changed nothing, up to 8 x 8 rounds apart.
+    assert [i for i, k in enumerate(picks) if k] == [7, 23, 55, 119, 183]
+
+
+def test_a_draft_that_starts_agreeing_resets_the_probe_interval():
+    policy = SpeculationPolicy(16, probe_interval=8)
+    measured(policy, batch=1, decode=0.010, verify=0.011, propose_per_k=0.002)
+    picks = [policy.choose([0.0], 1, 4) for _ in range(100)]
+    assert picks.count(1) == 3  # probes at 8, 24, 56 rounds: backing off
+    assert policy.choose([0.95], 1, 4) > 0  # the probes found agreement: speculate again
+    picks = [policy.choose([0.0], 1, 4) for _ in range(8)]
+    assert picks[-1] == 1  # and a later useless spell is probed at the first interval again
 
 
 def test_stale_ends_are_measured_again():
