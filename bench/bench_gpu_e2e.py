@@ -152,11 +152,13 @@ class DraftWork:
     def __init__(self, engine: LocalEngine):
         self.engine = engine
         self.k_rounds: dict[int, int] = {}
-        self.calls = {"draft_prefill": [0, 0.0], "draft_propose": [0, 0.0]}
+        self.calls = {"draft_prefill": [0, 0.0], "draft_propose": [0, 0.0], "target_prefill": [0, 0.0],
+                      "target_verify": [0, 0.0]}
 
     def __enter__(self):
-        policy, proposer = self.engine.coordinator.policy, self.engine.proposer
-        self.saved = (policy.choose, proposer and proposer.prefill, proposer and proposer.propose)
+        policy, proposer, verifier = self.engine.coordinator.policy, self.engine.proposer, self.engine.verifier
+        self.saved = (policy.choose, proposer and proposer.prefill, proposer and proposer.propose, verifier.prefill,
+                      verifier.verify)
 
         def choose(*args, **kwargs):
             k = self.saved[0](*args, **kwargs)
@@ -174,14 +176,16 @@ class DraftWork:
             return wrapper
 
         policy.choose = choose
+        verifier.prefill = timed("target_prefill", self.saved[3])
+        verifier.verify = timed("target_verify", self.saved[4])
         if proposer is not None:
             proposer.prefill = timed("draft_prefill", self.saved[1])
             proposer.propose = timed("draft_propose", self.saved[2])
         return self
 
     def __exit__(self, *exc):
-        policy, proposer = self.engine.coordinator.policy, self.engine.proposer
-        del policy.choose
+        policy, proposer, verifier = self.engine.coordinator.policy, self.engine.proposer, self.engine.verifier
+        del policy.choose, verifier.prefill, verifier.verify
         if proposer is not None:
             del proposer.prefill, proposer.propose
 
@@ -486,10 +490,18 @@ def main() -> None:
         adaptive = LocalEngine(target, draft, num_speculative_tokens=K, prefix_caching=False,
                                coordinator_config=CoordinatorConfig(max_num_seqs=256, speculation="adaptive"))
         for batch in batches:
+            # Target-only in this engine too: the adaptive rows' other baseline, free of any engine-to-engine
+            # difference (graphs captured in another order, memory laid out differently).
+            run_local(adaptive, batch, 0, args.max_tokens)
+            same = {"target": size, "mode": "target_only_adaptive_engine", "batch": batch, "k": 0,
+                    **run_local(adaptive, batch, 0, args.max_tokens)}
+            RESULTS["rows"].append(same)
+            log(same)
             run_local(adaptive, batch, None, args.max_tokens)  # the policy measures this batch size's costs
             row = {"target": size, "mode": "adaptive_unrelated_draft", "batch": batch, "k": f"<={K}",
                    "acceptance": "real (unrelated draft)", **run_local(adaptive, batch, None, args.max_tokens)}
             row["speedup"] = row["tokens_per_s_total"] / baseline[batch]
+            row["speedup_vs_same_engine"] = row["tokens_per_s_total"] / same["tokens_per_s_total"]
             RESULTS["rows"].append(row)
             log(row)
             save(args.name)
