@@ -109,10 +109,11 @@ class SpeculationPolicy:
             return max(limit, 0)
         costs = self.buckets.setdefault(bucket_of(batch), BucketCosts())
         costs.rounds += 1
-        # Measure both ends first, a few times each: the largest k and plain decoding; then keep them fresh.
-        top = max((k for k in costs.verify if 0 < k <= limit and costs.count(k) >= SAMPLES_BEFORE_CHOOSING),
-                  default=None)
-        if top is None or costs.rounds - costs.measured_at.get(limit, 0) > self.refresh_interval:
+        # Measure both ends first, a few times each: the largest k and plain decoding; then keep them fresh. Any
+        # k measured enough will do as the top end: a round whose cap is lower (a request's last tokens) interpolates
+        # below it rather than measuring its own cap.
+        top = max((k for k in costs.verify if k > 0 and costs.count(k) >= SAMPLES_BEFORE_CHOOSING), default=None)
+        if top is None or costs.rounds - costs.measured_at[top] > self.refresh_interval:
             return limit
         if costs.count(0) < SAMPLES_BEFORE_CHOOSING or costs.rounds - costs.measured_at[0] > self.refresh_interval:
             return 0

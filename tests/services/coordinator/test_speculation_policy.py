@@ -127,3 +127,12 @@ def test_adaptive_engine_output_is_exact_and_seeded_requests_stay_reproducible(t
     alone = run(engine, prompts[:1], [seeded])
     assert run(engine, prompts, [seeded] + greedy[1:])[0] == alone[0]
     assert engine.kv_blocks_used() == {"target": 0, "draft": 0}
+
+
+def test_a_lower_cap_interpolates_rather_than_measuring_its_own():
+    """A request's last rounds cap k at the tokens it has left (3, 2, 1): with the top end measured, they are
+    decided from the measured costs, not spent measuring k = 3, 2 and 1 with a draft that never agrees."""
+    policy = SpeculationPolicy(16)
+    measured(policy, decode=0.010, verify=0.011, propose_per_k=0.002)
+    assert [policy.choose([0.0], 1, limit) for limit in (3, 2, 1)] == [0, 0, 0]
+    assert policy.choose([0.95], 1, 2) == 2  # and a good draft still speculates up to its cap
