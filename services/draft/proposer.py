@@ -32,6 +32,11 @@ MAX_CATCH_UP = CATCH_UP_SIZES[-1]
 CATCH_UP_FLAGS = SamplingFlags(top_k=False, top_p=False, greedy=True)  # a catch-up samples nothing: one shape
 
 
+def prefill_as_catch_up(runner: ModelRunner) -> bool:
+    """Whether short prompts go in as a catch-up-only step program (with graphs: one replay) rather than a forward."""
+    return runner.graphs is not None
+
+
 @dataclass
 class DraftPrefill:
     handle: str
@@ -75,7 +80,8 @@ class DraftProposer:
                 forward.append((i, ForwardItem(sequence.table, item.token_ids[cached:], 0)))
             except Exception as error:  # per-item failure; the rest of the batch goes on
                 results[i] = error
-        if self.runner.graphs is not None:
+        started = forward
+        if prefill_as_catch_up(self.runner):
             fits = lambda fi: CATCH_UP_SIZES[0] < len(fi.token_ids) <= MAX_CATCH_UP  # the widths captured  # noqa: E731
             short = [(i, fi) for i, fi in forward if fits(fi)]
             forward = [(i, fi) for i, fi in forward if not fits(fi)]
@@ -88,7 +94,7 @@ class DraftProposer:
                                    [fi.table.num_tokens - len(fi.token_ids) for _, fi in short],
                                    [items[i].sampling for i, _ in short])
         self._reserve_and_run(forward, results, items)
-        for i, _ in forward:
+        for i, _ in started:
             if results[i] is None:
                 sequence = self.sequences.get(items[i].handle)
                 self.sequences.prompt_written(sequence, items[i].token_ids)
