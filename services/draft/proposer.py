@@ -32,11 +32,6 @@ MAX_CATCH_UP = CATCH_UP_SIZES[-1]
 CATCH_UP_FLAGS = SamplingFlags(top_k=False, top_p=False, greedy=True)  # a catch-up samples nothing: one shape
 
 
-def prefill_as_catch_up(runner: ModelRunner) -> bool:
-    """Whether short prompts go in as a catch-up-only step program (with graphs: one replay) rather than a forward."""
-    return runner.graphs is not None
-
-
 @dataclass
 class DraftPrefill:
     handle: str
@@ -68,10 +63,7 @@ class DraftProposer:
         self.max_speculative_tokens = max_speculative_tokens
 
     def prefill(self, items: list[DraftPrefill]) -> list[int | Exception]:
-        """Run prompts into KV. Returns per item the number of cached tokens, or the error for that item. With
-        graphs, prompts (past any cached prefix) of 3 to MAX_CATCH_UP tokens run as one catch-up-only graph replay:
-        the draft computes no logits at a prefill, so its prefill is a catch-up, and one replay costs a fraction of
-        an eager forward's kernel launches."""
+        """Run prompts into KV. Returns per item the number of cached tokens, or the error for that item."""
         results: list[int | Exception] = [None] * len(items)
         forward: list[tuple[int, ForwardItem]] = []
         for i, item in enumerate(items):
@@ -80,21 +72,8 @@ class DraftProposer:
                 forward.append((i, ForwardItem(sequence.table, item.token_ids[cached:], 0)))
             except Exception as error:  # per-item failure; the rest of the batch goes on
                 results[i] = error
-        started = forward
-        if prefill_as_catch_up(self.runner):
-            fits = lambda fi: CATCH_UP_SIZES[0] < len(fi.token_ids) <= MAX_CATCH_UP  # the widths captured  # noqa: E731
-            short = [(i, fi) for i, fi in forward if fits(fi)]
-            forward = [(i, fi) for i, fi in forward if not fits(fi)]
-            errors = self.runner.reserve([fi for _, fi in short])
-            for (i, _), error in zip(short, errors):
-                results[i] = error
-            short = [(i, fi) for (i, fi), error in zip(short, errors) if error is None]
-            if short:
-                self._run_catch_up([fi.token_ids for _, fi in short], [fi.table for _, fi in short],
-                                   [fi.table.num_tokens - len(fi.token_ids) for _, fi in short],
-                                   [items[i].sampling for i, _ in short])
         self._reserve_and_run(forward, results, items)
-        for i, _ in started:
+        for i, _ in forward:
             if results[i] is None:
                 sequence = self.sequences.get(items[i].handle)
                 self.sequences.prompt_written(sequence, items[i].token_ids)
@@ -183,20 +162,15 @@ class DraftProposer:
                 # The call's slots were reserved for the whole delta: this piece takes the first of them.
                 starts.append(sequence.table.num_tokens - len(delta) - max(k - 1, 0))
                 batch[b] = (i, sequence, k, delta[len(piece) :])
-            self._run_catch_up(pieces, tables, starts, [batch[b][1].sampling for b in long])
-
-    def _run_catch_up(self, pieces: list[list[int]], tables, starts: list[int], samplings) -> None:
-        """Write the KV of each piece (at most MAX_CATCH_UP tokens, slots reserved from `start`) with one
-        catch-up-only step program (k = 0, nothing sampled)."""
-        width = self.runner.shape_size(max(len(p) for p in pieces), CATCH_UP_SIZES)
-        deltas = np.zeros((len(pieces), width), dtype=np.int64)
-        for row, piece in enumerate(pieces):
-            deltas[row, : len(piece)] = piece
-        shape = DraftShape(width, 0, 1, CATCH_UP_FLAGS, self.runner.context_bound(max(starts) + width))
-        self.runner.run_step(DraftSteps, shape, {
-            "start": starts, "n_delta": [len(p) for p in pieces], "delta": deltas, "k": [0] * len(pieces),
-            **sampling_fields(samplings),
-        }, tables)
+            width = self.runner.shape_size(max(len(p) for p in pieces), CATCH_UP_SIZES)
+            deltas = np.zeros((len(pieces), width), dtype=np.int64)
+            for row, piece in enumerate(pieces):
+                deltas[row, : len(piece)] = piece
+            shape = DraftShape(width, 0, 1, CATCH_UP_FLAGS, self.runner.context_bound(max(starts) + width))
+            self.runner.run_step(DraftSteps, shape, {
+                "start": starts, "n_delta": [len(p) for p in pieces], "delta": deltas, "k": [0] * len(pieces),
+                **sampling_fields([batch[b][1].sampling for b in long]),
+            }, tables)
 
     def warm_up(self, max_batch: int = 64, max_k: int = 4, sampled: bool = True) -> int:
         """Capture the step programs a round is likely to run (every batch bucket up to `max_batch`, every k up to

@@ -223,10 +223,6 @@ def test_each_round_call_waits_for_the_gpu_once(tiny_pair):
     print(f"\nhost waits in one propose call of k=8: {waits}")
     assert waits == 1  # the read-back after the replay (which also shows the debug mode sees this path's waits)
     assert _host_waits(verify) == 1
-    # A short prompt's draft prefill is a catch-up: one replay of a catch-up-only graph captured in the warm-up.
-    graphs = len(proposer.runner.graphs.steps)
-    assert _host_waits(lambda: proposer.prefill([DraftPrefill("short", ids[: min(len(ids), 40)], greedy)])) == 1
-    assert len(proposer.runner.graphs.steps) == graphs
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
