@@ -38,6 +38,8 @@ def unrelated_draft(folder: Path, target_dir: Path) -> Path:
     config = AutoConfig.from_pretrained(target_dir)
     config.update(dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                        num_key_value_heads=2, tie_word_embeddings=True))
+    if getattr(config, "layer_types", None) is not None:  # one per layer, recounted for the new depth
+        config.layer_types = config.layer_types[:1] * config.num_hidden_layers
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).float()
     model.save_pretrained(folder)
