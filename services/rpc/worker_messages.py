@@ -152,7 +152,8 @@ def target_prefill_items(request: worker_pb2.TargetPrefillRequest) -> list[Targe
 def verify_request(items: list[VerifyItem]) -> worker_pb2.VerifyRequest:
     out = []
     for i in items:
-        m = worker_pb2.VerifyItem(handle=i.handle, cached_len=i.cached_len, delta=i.delta, logprobs=i.logprobs)
+        m = worker_pb2.VerifyItem(handle=i.handle, cached_len=i.cached_len, delta=i.delta, logprobs=i.logprobs,
+                                  bonus_guess=i.bonus_guess)
         if i.draft_token_ids:
             m.draft_token_ids.extend(i.draft_token_ids)
             m.support = i.q_token_ids.shape[1]
@@ -169,7 +170,8 @@ def verify_items(request: worker_pb2.VerifyRequest) -> list:
     out = []
     for i in request.items:
         k = len(i.draft_token_ids)
-        item = VerifyItem(i.handle, i.cached_len, list(i.delta), list(i.draft_token_ids), logprobs=_optional(i, "logprobs"))
+        item = VerifyItem(i.handle, i.cached_len, list(i.delta), list(i.draft_token_ids), logprobs=_optional(i, "logprobs"),
+                          bonus_guess=_optional(i, "bonus_guess"))
         if k:
             support = i.support
             if support < 1 or len(i.q_token_ids) != 4 * k * support or len(i.q_probs) != 4 * k * support:
