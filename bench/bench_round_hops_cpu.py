@@ -12,6 +12,15 @@ Per row (medians over the rounds):
     python bench/bench_round_hops_cpu.py [--batches 1,8,32] [--rounds 40] [--transports unary,stream] [--name NAME]
 
 Every process runs torch on one thread (the machine's cores are shared by the caller and both workers).
+
+On a shared, loaded machine the difference of two noisy compute-bound timings is noise, so the hop is also measured
+alone (`--null`, the default rows): the same calls against worker processes whose proposer and verifier return
+ready-made results of the right shapes at once (k = 4 proposals with a q of support 32, as sampled requests send),
+so what the caller measures is the hop itself: both ends' protobuf work, gRPC over loopback, the event loops and the
+worker's hand-off to its compute thread. Rows: call_ms (propose + verify, median and min of --calls rounds),
+protobuf_ms (the same messages built, serialised, parsed and unpacked alone, in one process), transport_ms = the rest.
+
+    python bench/bench_round_hops_cpu.py --null [--batches 1,8,32] [--calls 200]
 """
 
 import argparse
@@ -148,12 +157,98 @@ async def run(args, target_dir: Path, draft_dir: Path, addresses: dict) -> list[
     return rows
 
 
+def serve_null(role: str, model: str) -> None:
+    """A worker process whose step work is replaced by ready-made results (see the module docstring)."""
+    from specsplit.services.draft.proposer import Proposal
+    from specsplit.services.rpc import worker_process
+    from specsplit.services.target.verifier import Verdict
+
+    build = worker_process.build_worker_service
+
+    def build_null(role, model, **options):
+        service, name = build(role, model, **options)
+        if role == "draft":
+            def propose(items):
+                return [Proposal(list(range(10, 10 + i.k)), torch.arange(i.k * 32).view(i.k, 32) % 200,
+                                 torch.full((i.k, 32), 1 / 32), 100) for i in items]
+            service.batcher._handlers["propose"] = propose
+        else:
+            def verify(items):
+                return [i if isinstance(i, Exception) else Verdict(len(i.draft_token_ids), list(i.draft_token_ids) + [5],
+                                                                   None, 104) for i in items]
+            service.batcher._handlers["verify"] = verify
+        return service, name
+
+    worker_process.build_worker_service = build_null
+    asyncio.run(worker_process.serve_worker(role, model, "127.0.0.1", 0, 600.0, -1))
+
+
+async def measure_null(address_draft, address_target, batch: int, calls: int, transports: list[str]) -> list[dict]:
+    """Rounds over each transport, interleaved call by call, so a change in the machine's load hits all alike."""
+    clients = {t: (await GrpcDraftClient(address_draft, transport=t).connect(),
+                   await GrpcTargetClient(address_target, transport=t).connect()) for t in transports}
+    items = [ProposeItem(f"h{i}", 100, [5], K) for i in range(batch)]
+    samples = {t: [] for t in transports}
+    parts = None
+    for call in range(calls + 5):
+        for transport, (draft, target) in clients.items():
+            start = time.perf_counter()
+            proposals = await draft.propose(items)
+            verify_items = [VerifyItem(f"h{i}", 100, [5], p.token_ids, p.q_token_ids, p.q_probs)
+                            for i, p in enumerate(proposals)]
+            verdicts = await target.verify(verify_items)
+            if call >= 5:
+                samples[transport].append(time.perf_counter() - start)
+            parts = (items, proposals, verify_items, verdicts)
+    for draft, target in clients.values():
+        await draft.close()
+        await target.close()
+    protobuf = min(protobuf_seconds(*parts) for _ in range(5))
+    return [{"batch": batch, "transport": t, "call_ms": round(1e3 * statistics.median(s), 3),
+             "call_min_ms": round(1e3 * min(s), 3), "protobuf_ms": round(1e3 * protobuf, 3),
+             "transport_ms": round(1e3 * (statistics.median(s) - protobuf), 3)} for t, s in samples.items()]
+
+
+def main_null(args, target_dir: Path, draft_dir: Path, env: dict) -> list[dict]:
+    import subprocess
+
+    processes, addresses = [], {}
+    try:
+        for role, path in (("target", target_dir), ("draft", draft_dir)):
+            process = subprocess.Popen([sys.executable, __file__, "--serve-null", role, str(path)], env=env,
+                                       stdout=subprocess.PIPE, text=True)
+            processes.append(process)
+            for line in process.stdout:
+                if " listening on " in line:
+                    addresses[role] = line.strip().rsplit(" ", 1)[-1]
+                    break
+
+        async def all_rows():
+            rows = []
+            for batch in [int(b) for b in args.batches.split(",")]:
+                rows += await measure_null(addresses["draft"], addresses["target"], batch, args.calls,
+                                           args.transports.split(","))
+                print(rows[-2:], flush=True)
+            return rows
+
+        return asyncio.run(all_rows())
+    finally:
+        for process in processes:
+            process.terminate()
+            process.wait(timeout=10)
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--serve-null"]:
+        torch.set_num_threads(1)
+        return serve_null(sys.argv[2], sys.argv[3])
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--transports", default="unary,stream")
     parser.add_argument("--name", default="round_hops_cpu")
+    parser.add_argument("--null", action="store_true", help="the hop alone: workers return ready-made results")
+    parser.add_argument("--calls", type=int, default=200)
     args = parser.parse_args()
     torch.set_num_threads(1)
     root = Path(tempfile.mkdtemp())
@@ -161,6 +256,18 @@ def main() -> None:
     target_dir = save_model(target, root / "target")
     draft_dir = save_model(perturbed_copy(target, noise=0.01), root / "draft")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    if args.null:
+        load = open("/proc/loadavg").read().split()[:3]
+        rows = main_null(args, target_dir, draft_dir, env)
+        print_table(rows, ["batch", "transport", "call_ms", "call_min_ms", "protobuf_ms", "transport_ms"])
+        path = write_results(args.name, rows, {
+            "what": "one round's Propose + Verify calls against workers that return ready-made results (the hop "
+                    "alone); protobuf_ms = the four messages built, serialised, parsed and unpacked alone",
+            "k": K, "q_support": 32, "calls_per_row": args.calls, "load_average_at_start": load,
+            "load_average_at_end": open("/proc/loadavg").read().split()[:3],
+        })
+        print(f"wrote {path}")
+        return
     worker = ["--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1", "--num-kv-blocks", "2048"]
     processes = []
     try:
