@@ -339,7 +339,8 @@ class Coordinator:
                                            for s in group], group)
             for client, group in _group(list(ahead), lambda s: s.draft)
         ]
-        verify_results, ahead_results, ahead_seconds = await self._verify_and_propose_ahead(verify_calls, ahead_calls)
+        verify_results, ahead_results, verify_seconds, ahead_seconds = await self._verify_and_propose_ahead(
+            verify_calls, ahead_calls)
         verified = time.perf_counter()
         pre_proposals = {s: p for group_results in ahead_results for s, p in group_results}
         for group_results in verify_results:
@@ -368,8 +369,11 @@ class Coordinator:
         clean = self._round_alone and all(n in (0, k) for n in k_of.values())
         if clean and not overlap and not pre_proposed:  # a serial round of one k: its cost
             self.policy.record_costs(batch, k, proposed - started, verified - proposed)
-        elif clean and ahead_calls and ahead_seconds is not None:
+        elif clean and ahead_calls:
             self.overlap.record_phase(batch, k, verified - proposed, ahead_seconds)
+            # The speculation policy's costs too (k+1 proposals ahead: k of them its propose cost), so that k stays
+            # adaptive while every round overlaps; concurrent calls only ever look slower, never faster.
+            self.policy.record_costs(batch, k, ahead_seconds * k / (k + 1), verify_seconds)
         self.telemetry.round_chosen(k, batch)
 
     # ---- overlapped rounds (overlap_policy.py, pre_proposals.py) -------------------------------------------------
@@ -428,17 +432,18 @@ class Coordinator:
         sequence.pre_proposal = PreProposal(pre, sequence.draft, len(sequence.committed))
 
     async def _verify_and_propose_ahead(self, verify_calls: list, ahead_calls: list):
-        """The verification and the proposals ahead at once; returns both results and the ahead calls' seconds."""
+        """The verification and the proposals ahead at once; returns both results and each side's seconds."""
         if not ahead_calls:
-            return await _all(verify_calls), [], None
+            return await _all(verify_calls), [], None, None
         started = time.perf_counter()
 
-        async def timed_ahead():
-            results = await _all(ahead_calls)
+        async def timed(calls):
+            results = await _all(calls)
             return results, time.perf_counter() - started
 
-        verify_results, (ahead_results, ahead_seconds) = await asyncio.gather(_all(verify_calls), timed_ahead())
-        return verify_results, ahead_results, ahead_seconds
+        (verify_results, verify_seconds), (ahead_results, ahead_seconds) = await asyncio.gather(
+            timed(verify_calls), timed(ahead_calls))
+        return verify_results, ahead_results, verify_seconds, ahead_seconds
 
     # ---- faults: lost replicas, lost worker state, KV pressure --------------------------------------------------
 
