@@ -27,7 +27,6 @@ from specsplit.services.coordinator.speculation_policy import COST_SAMPLES, buck
 
 OVERLAP_MODES = ("auto", "on", "off")
 MARGIN = 0.03           # overlap must be predicted at least this much faster
-PHASE_SAMPLES = 3       # overlapped rounds measured before the measured phase replaces the bound's max
 GUESS_PRIOR_WEIGHT = 4.0
 
 
@@ -103,24 +102,22 @@ class OverlapPolicy:
             return False  # in-process workers never overlap; remote ones first measure the serial round
         costs = self.buckets.setdefault(bucket_of(batch), OverlapCosts())
         costs.rounds += 1
-        ahead = costs.ahead.get(k)
-        t_ahead = min(ahead) if ahead else t_propose * (k + 1) / k
         prior = sum(rates) / len(rates)
         guess = self.guess_rate(prior)
         all_hit = 1.0
         for rate in rates:
             all_hit *= hit_rate(rate, k, guess)
         serial = serial_round_time(t_propose, t_verify)
-        bound = overlapped_round_time(t_ahead, t_verify, all_hit)
-        phase = costs.phase.get(k)
-        measured = overlapped_round_time(t_ahead, t_verify, all_hit, min(phase)) if phase else None
+        # The bound: ideal concurrency, and k+1 proposals cost (k+1)/k of k.
+        bound = overlapped_round_time(t_propose * (k + 1) / k, t_verify, all_hit)
+        phase, ahead = costs.phase.get(k), costs.ahead.get(k)
+        measured = overlapped_round_time(min(ahead), t_verify, all_hit, min(phase)) if phase else None
         self.last_estimate = dict(batch=batch, k=k, serial=serial, bound=bound, measured=measured, all_hit=all_hit,
-                                  guess_rate=guess, t_ahead=t_ahead)
+                                  guess_rate=guess)
         if bound >= serial * (1.0 - MARGIN):
             return False  # not even the ideal overlap pays
-        if phase is None or len(phase) < PHASE_SAMPLES:
-            return True   # the bound says it may pay: measure the concurrent phase
-        choice = measured < serial * (1.0 - MARGIN)
+        # Measured: the concurrent phase as it really runs (about t_v + t_a where the workers share a device).
+        choice = True if measured is None else measured < serial * (1.0 - MARGIN)
         if costs.rounds - costs.last_flip >= self.refresh_interval:
             costs.last_flip = costs.rounds
             return not choice  # one round the other way keeps the losing side's costs fresh

@@ -76,3 +76,13 @@ def test_refresh_tries_the_other_choice_once():
         policy.record_phase(1, 4, 0.0102, 0.005)
     choices = [policy.decide(1, 4, [0.9], 0.004, 0.010, concurrent=True) for _ in range(30)]
     assert choices.count(False) == 3 and choices.count(True) == 27
+
+
+def test_a_slow_trial_is_retried_after_the_refresh_interval():
+    policy = OverlapPolicy("auto", refresh_interval=10)
+    policy.record_phase(1, 4, phase_seconds=0.030, ahead_seconds=0.030)  # one trial hit by a pause
+    choices = [policy.decide(1, 4, [0.9], 0.004, 0.010, concurrent=True) for _ in range(20)]
+    assert choices.count(True) == 2  # off, but overlapped once per interval to measure again
+    for _ in range(5):
+        policy.record_phase(1, 4, phase_seconds=0.0102, ahead_seconds=0.005)  # the pause is gone
+    assert policy.decide(1, 4, [0.9], 0.004, 0.010, concurrent=True)
