@@ -162,9 +162,7 @@ async def run(args, target_dir: Path, draft_dir: Path, addresses: dict) -> list[
 
 def serve_null(role: str, model: str) -> None:
     """A worker process whose step work is replaced by ready-made results (see the module docstring)."""
-    from specsplit.services.draft.proposer import Proposal
     from specsplit.services.rpc import worker_process
-    from specsplit.services.target.verifier import Verdict
 
     build = worker_process.build_worker_service
 
