@@ -1,6 +1,7 @@
 """Overlapped rounds over real processes: a coordinator with --overlap on and one with --overlap off, over the same
 target and drafts, give token-identical greedy output (identical to the target alone) and identical seeded sampled
-output; the overlapped one really proposed ahead; a draft killed mid-pipeline loses no request and leaves no KV."""
+output; the overlapped one really proposed ahead; a draft or a target killed mid-pipeline loses no request and
+leaves no KV on the workers that remain."""
 
 import asyncio
 import signal
@@ -24,11 +25,12 @@ def pipeline(tiny_pair):
     try:
         c.start({
             "target": ["target", "--model", str(tiny_pair["target"]), "--host", "127.0.0.1", "--port", "0", *model],
+            "target_b": ["target", "--model", str(tiny_pair["target"]), "--host", "127.0.0.1", "--port", "0", *model],
             "draft_a": ["draft", "--model", str(tiny_pair["close"]), "--host", "127.0.0.1", "--port", "0", *model],
             "draft_b": ["draft", "--model", str(tiny_pair["close"]), "--host", "127.0.0.1", "--port", "0", *model],
         })
         a = c.addresses
-        common = ["--target", a["target"], "--host", "127.0.0.1", "--port", "0", "-k", "4", "--speculation", "fixed",
+        common = ["--target", f"{a['target']},{a['target_b']}", "--host", "127.0.0.1", "--port", "0", "-k", "4", "--speculation", "fixed",
                   "--metrics-port", "-1"]
         c.start({
             "on": ["coordinator", *common, "--draft", f"{a['draft_a']},{a['draft_b']}", "--overlap", "on"],
@@ -80,7 +82,8 @@ def test_seeded_sampling_identical_with_and_without_overlap(pipeline):
     assert [list(r.token_ids) for r in on] == [list(r.token_ids) for r in off]
 
 
-def test_draft_killed_mid_pipeline_loses_nothing_and_leaks_no_kv(pipeline, target_alone):
+def kill_mid_stream(pipeline, victim: str) -> list:
+    """Stream every prompt through the overlapped coordinator and SIGKILL `victim` once all are under way."""
     address = pipeline.addresses["on"]
     started = threading.Barrier(len(PROMPTS) + 1)
     results = [None] * len(PROMPTS)
@@ -98,9 +101,21 @@ def test_draft_killed_mid_pipeline_loses_nothing_and_leaks_no_kv(pipeline, targe
     for t in threads:
         t.start()
     started.wait(timeout=120)
-    pipeline.processes["draft_a"].send_signal(signal.SIGKILL)
+    pipeline.processes[victim].send_signal(signal.SIGKILL)
     for t in threads:
         t.join(timeout=180)
+    return results
+
+
+def test_draft_killed_mid_pipeline_loses_nothing_and_leaks_no_kv(pipeline, target_alone):
+    results = kill_mid_stream(pipeline, "draft_a")
     assert results == target_alone  # every request completed, with exactly the fault-free greedy output
-    infos = pipeline.wait_kv_free(["target", "draft_b"])
+    infos = pipeline.wait_kv_free(["target", "target_b", "draft_b"])
+    assert all(i.kv_blocks_used == 0 and i.sequences == 0 for i in infos.values())
+
+
+def test_target_killed_mid_pipeline_loses_nothing_and_leaks_no_kv(pipeline, target_alone):
+    results = kill_mid_stream(pipeline, "target")  # its sequences are re-prefilled on target_b
+    assert results == target_alone
+    infos = pipeline.wait_kv_free(["target_b", "draft_b"])
     assert all(i.kv_blocks_used == 0 and i.sequences == 0 for i in infos.values())
