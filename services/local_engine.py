@@ -48,6 +48,7 @@ class LocalEngine:
         speculation: str = "adaptive",
         warm_up: bool = True,
         acceptance: AcceptancePolicy | None = None,
+        overlap: str | None = None,
     ):
         """`synthetic_acceptance`: BENCHMARK ONLY, not lossless (services/target/synthetic_acceptance.py).
         `target_weights` / `draft_weights`: how each model's linear layers hold weights (models/weight_formats.py);
@@ -55,7 +56,9 @@ class LocalEngine:
         `speculation`: "adaptive" (k per round, up to num_speculative_tokens) or "fixed" (always that k); a given
         `coordinator_config` keeps its own. `warm_up`: on a GPU, capture the rounds' graphs before the first request
         (a few seconds) instead of when each shape first comes up.
-        `acceptance`: the target's acceptance method; None = lossless rejection sampling (typical is NOT lossless)."""
+        `acceptance`: the target's acceptance method; None = lossless rejection sampling (typical is NOT lossless).
+        `overlap`: overlapped rounds ("auto", "on", "off"; None = the config's, "auto" by default). In one process the
+        two models' calls run one after the other, so "auto" never overlaps; "on" runs the pipelined logic anyway."""
         if num_speculative_tokens < 0:
             raise InvalidArgument(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
         self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype, device)
@@ -81,9 +84,11 @@ class LocalEngine:
             k = max(num_speculative_tokens, 1) if self.draft is not None else 0
             self.verifier.warm_up(max_k=k)
             if self.proposer is not None:
-                self.proposer.warm_up(max_k=k)
+                self.proposer.warm_up(max_k=k + 1)  # overlapped rounds also sample the bonus guess
         config = coordinator_config or CoordinatorConfig(speculation=speculation)
         config.num_speculative_tokens = num_speculative_tokens if self.draft is not None else 0
+        if overlap is not None:
+            config.overlap = overlap
         self.coordinator = Coordinator(targets, drafts, self.target.tokenizer, self.target.config.eos_token_ids, config)
 
     @property

@@ -94,6 +94,15 @@ def add_speculation_arg(p) -> None:
                    help="adaptive (default): each round proposes the k (0 to --num-speculative-tokens) that the "
                    "measured acceptance and costs say is fastest, so speculation never loses to plain decoding; "
                    "fixed: always --num-speculative-tokens (benchmarks)")
+    add_overlap_arg(p)
+
+
+def add_overlap_arg(p) -> None:
+    """For commands that run a coordinator (coordinator, serve, generate --local)."""
+    p.add_argument("--overlap", default="auto", choices=["auto", "on", "off"],
+                   help="overlapped rounds: the draft proposes the next round from the optimistic continuation while "
+                   "the target verifies (output unchanged). auto (default): where the measured costs and acceptance "
+                   "say it pays (never for in-process workers or workers sharing a device); on: always; off: never")
 
 
 def add_weight_format_args(p) -> None:
@@ -153,6 +162,7 @@ def _run_coordinator(args) -> int:
     config = CoordinatorConfig(
         num_speculative_tokens=args.num_speculative_tokens,
         speculation=args.speculation,
+        overlap=args.overlap,
         max_num_seqs=args.max_num_seqs,
         max_waiting=args.max_waiting,
         disable_speculation_batch_size=args.disable_speculation_batch_size,
@@ -204,7 +214,7 @@ def _run_serve(args) -> int:
         processes.append(target)
         coordinator_argv = ["coordinator", "--target", target_addr, "--host", args.host, "--port", str(args.port),
                             "-k", str(k if args.draft else 0), "--metrics-port", str(args.metrics_port),
-                            "--speculation", args.speculation]
+                            "--speculation", args.speculation, "--overlap", args.overlap]
         if not args.logprobs_while_speculating:
             coordinator_argv.append("--no-logprobs-while-speculating")
         if args.draft:

@@ -99,7 +99,7 @@ async def _generate_local(args) -> int:
         num_kv_blocks=args.num_kv_blocks, block_size=args.block_size, prefix_caching=args.prefix_caching,
         target_weights=args.target_weights, draft_weights=args.draft_weights,
         acceptance=acceptance_policy_from_args(args),
-        coordinator_config=CoordinatorConfig(speculation=args.speculation,
+        coordinator_config=CoordinatorConfig(speculation=args.speculation, overlap=args.overlap,
                                              logprobs_while_speculating=args.logprobs_while_speculating),
     )
     params = sampling_params_from_args(args)

@@ -107,7 +107,7 @@ class Usage(_message.Message):
     def __init__(self, prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
 
 class SpeculationStats(_message.Message):
-    __slots__ = ("rounds", "drafted_tokens", "accepted_tokens", "acceptance_rate", "drafted_per_position", "accepted_per_position", "draft_variant", "acceptance_method")
+    __slots__ = ("rounds", "drafted_tokens", "accepted_tokens", "acceptance_rate", "drafted_per_position", "accepted_per_position", "draft_variant", "acceptance_method", "pre_proposed_rounds")
     ROUNDS_FIELD_NUMBER: _ClassVar[int]
     DRAFTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -116,6 +116,7 @@ class SpeculationStats(_message.Message):
     ACCEPTED_PER_POSITION_FIELD_NUMBER: _ClassVar[int]
     DRAFT_VARIANT_FIELD_NUMBER: _ClassVar[int]
     ACCEPTANCE_METHOD_FIELD_NUMBER: _ClassVar[int]
+    PRE_PROPOSED_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     rounds: int
     drafted_tokens: int
     accepted_tokens: int
@@ -124,7 +125,8 @@ class SpeculationStats(_message.Message):
     accepted_per_position: _containers.RepeatedScalarFieldContainer[int]
     draft_variant: str
     acceptance_method: _common_pb2.AcceptanceMethod
-    def __init__(self, rounds: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., drafted_per_position: _Optional[_Iterable[int]] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., draft_variant: _Optional[str] = ..., acceptance_method: _Optional[_Union[_common_pb2.AcceptanceMethod, str]] = ...) -> None: ...
+    pre_proposed_rounds: int
+    def __init__(self, rounds: _Optional[int] = ..., drafted_tokens: _Optional[int] = ..., accepted_tokens: _Optional[int] = ..., acceptance_rate: _Optional[float] = ..., drafted_per_position: _Optional[_Iterable[int]] = ..., accepted_per_position: _Optional[_Iterable[int]] = ..., draft_variant: _Optional[str] = ..., acceptance_method: _Optional[_Union[_common_pb2.AcceptanceMethod, str]] = ..., pre_proposed_rounds: _Optional[int] = ...) -> None: ...
 
 class Timings(_message.Message):
     __slots__ = ("time_to_first_token_s", "total_s")

@@ -122,7 +122,7 @@ class TargetPrefillRequest(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[TargetPrefillItem, _Mapping]]] = ...) -> None: ...
 
 class VerifyItem(_message.Message):
-    __slots__ = ("handle", "cached_len", "delta", "draft_token_ids", "support", "q_token_ids", "q_probs", "logprobs")
+    __slots__ = ("handle", "cached_len", "delta", "draft_token_ids", "support", "q_token_ids", "q_probs", "logprobs", "bonus_guess")
     HANDLE_FIELD_NUMBER: _ClassVar[int]
     CACHED_LEN_FIELD_NUMBER: _ClassVar[int]
     DELTA_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +131,7 @@ class VerifyItem(_message.Message):
     Q_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     Q_PROBS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    BONUS_GUESS_FIELD_NUMBER: _ClassVar[int]
     handle: str
     cached_len: int
     delta: _containers.RepeatedScalarFieldContainer[int]
@@ -139,7 +140,8 @@ class VerifyItem(_message.Message):
     q_token_ids: bytes
     q_probs: bytes
     logprobs: int
-    def __init__(self, handle: _Optional[str] = ..., cached_len: _Optional[int] = ..., delta: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., support: _Optional[int] = ..., q_token_ids: _Optional[bytes] = ..., q_probs: _Optional[bytes] = ..., logprobs: _Optional[int] = ...) -> None: ...
+    bonus_guess: int
+    def __init__(self, handle: _Optional[str] = ..., cached_len: _Optional[int] = ..., delta: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., support: _Optional[int] = ..., q_token_ids: _Optional[bytes] = ..., q_probs: _Optional[bytes] = ..., logprobs: _Optional[int] = ..., bonus_guess: _Optional[int] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
     __slots__ = ("items",)

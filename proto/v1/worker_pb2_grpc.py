@@ -46,6 +46,11 @@ class DraftWorkerStub:
                 request_serializer=specsplit_dot_v1_dot_worker__pb2.ProposeRequest.SerializeToString,
                 response_deserializer=specsplit_dot_v1_dot_worker__pb2.ProposeResponse.FromString,
                 _registered_method=True)
+        self.ProposeStream = channel.stream_stream(
+                '/specsplit.v1.DraftWorker/ProposeStream',
+                request_serializer=specsplit_dot_v1_dot_worker__pb2.ProposeRequest.SerializeToString,
+                response_deserializer=specsplit_dot_v1_dot_worker__pb2.ProposeResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/specsplit.v1.DraftWorker/Release',
                 request_serializer=specsplit_dot_v1_dot_worker__pb2.ReleaseRequest.SerializeToString,
@@ -77,6 +82,14 @@ class DraftWorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ProposeStream(self, request_iterator, context):
+        """Propose over one long-lived stream: each request is answered by the next response, in order (a round then pays
+        no call setup). Same messages and per-item statuses as Propose.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Release(self, request, context):
         """Free sequences' KV.
         """
@@ -101,6 +114,11 @@ def add_DraftWorkerServicer_to_server(servicer, server):
             ),
             'Propose': grpc.unary_unary_rpc_method_handler(
                     servicer.Propose,
+                    request_deserializer=specsplit_dot_v1_dot_worker__pb2.ProposeRequest.FromString,
+                    response_serializer=specsplit_dot_v1_dot_worker__pb2.ProposeResponse.SerializeToString,
+            ),
+            'ProposeStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ProposeStream,
                     request_deserializer=specsplit_dot_v1_dot_worker__pb2.ProposeRequest.FromString,
                     response_serializer=specsplit_dot_v1_dot_worker__pb2.ProposeResponse.SerializeToString,
             ),
@@ -169,6 +187,33 @@ class DraftWorker:
             request,
             target,
             '/specsplit.v1.DraftWorker/Propose',
+            specsplit_dot_v1_dot_worker__pb2.ProposeRequest.SerializeToString,
+            specsplit_dot_v1_dot_worker__pb2.ProposeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProposeStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/specsplit.v1.DraftWorker/ProposeStream',
             specsplit_dot_v1_dot_worker__pb2.ProposeRequest.SerializeToString,
             specsplit_dot_v1_dot_worker__pb2.ProposeResponse.FromString,
             options,
@@ -256,6 +301,11 @@ class TargetWorkerStub:
                 request_serializer=specsplit_dot_v1_dot_worker__pb2.VerifyRequest.SerializeToString,
                 response_deserializer=specsplit_dot_v1_dot_worker__pb2.VerifyResponse.FromString,
                 _registered_method=True)
+        self.VerifyStream = channel.stream_stream(
+                '/specsplit.v1.TargetWorker/VerifyStream',
+                request_serializer=specsplit_dot_v1_dot_worker__pb2.VerifyRequest.SerializeToString,
+                response_deserializer=specsplit_dot_v1_dot_worker__pb2.VerifyResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/specsplit.v1.TargetWorker/Release',
                 request_serializer=specsplit_dot_v1_dot_worker__pb2.ReleaseRequest.SerializeToString,
@@ -286,6 +336,13 @@ class TargetWorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def VerifyStream(self, request_iterator, context):
+        """Verify over one long-lived stream, each request answered in order (see ProposeStream).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Release(self, request, context):
         """Free sequences' KV.
         """
@@ -310,6 +367,11 @@ def add_TargetWorkerServicer_to_server(servicer, server):
             ),
             'Verify': grpc.unary_unary_rpc_method_handler(
                     servicer.Verify,
+                    request_deserializer=specsplit_dot_v1_dot_worker__pb2.VerifyRequest.FromString,
+                    response_serializer=specsplit_dot_v1_dot_worker__pb2.VerifyResponse.SerializeToString,
+            ),
+            'VerifyStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.VerifyStream,
                     request_deserializer=specsplit_dot_v1_dot_worker__pb2.VerifyRequest.FromString,
                     response_serializer=specsplit_dot_v1_dot_worker__pb2.VerifyResponse.SerializeToString,
             ),
@@ -377,6 +439,33 @@ class TargetWorker:
             request,
             target,
             '/specsplit.v1.TargetWorker/Verify',
+            specsplit_dot_v1_dot_worker__pb2.VerifyRequest.SerializeToString,
+            specsplit_dot_v1_dot_worker__pb2.VerifyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def VerifyStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/specsplit.v1.TargetWorker/VerifyStream',
             specsplit_dot_v1_dot_worker__pb2.VerifyRequest.SerializeToString,
             specsplit_dot_v1_dot_worker__pb2.VerifyResponse.FromString,
             options,

@@ -16,9 +16,11 @@ from collections import deque
 from dataclasses import dataclass
 
 from specsplit.services.coordinator.generation import GenerationRequest, GenerationResult, TokenEvent
+from specsplit.services.coordinator.overlap_policy import OverlapPolicy
+from specsplit.services.coordinator.pre_proposals import PreProposal, split_guess
 from specsplit.services.coordinator.replica_pools import ReplicaPool, pick_variant
 from specsplit.services.coordinator.sequence_state import SequenceState
-from specsplit.services.coordinator.speculation_policy import SpeculationPolicy
+from specsplit.services.coordinator.speculation_policy import SpeculationPolicy, bucket_of
 from specsplit.services.coordinator.stop_checker import StopChecker
 from specsplit.services.draft.proposer import DraftPrefill, ProposeItem
 from specsplit.services.errors import InvalidArgument, KVCacheFull, ResourceExhausted, Unavailable, UnknownSequence
@@ -44,6 +46,8 @@ class CoordinatorConfig:
     replica_recovery_seconds: float = 30.0   # how long a sequence waits for a target replica before UNAVAILABLE
     probe_interval_seconds: float = 2.0      # how often replicas marked down are asked whether they are back
     logprobs_while_speculating: bool = True  # False: a speculating request may not ask for logprobs (README)
+    overlap: str = "auto"                    # draft proposes round r+1 while the target verifies round r:
+                                             # "auto" where measured costs say it pays (overlap_policy.py), "on", "off"
 
 
 class Coordinator:
@@ -65,6 +69,7 @@ class Coordinator:
         if self.config.speculation not in SPECULATION_MODES:
             raise ValueError(f"speculation must be one of {', '.join(SPECULATION_MODES)}, not {self.config.speculation!r}")
         self.policy = SpeculationPolicy(self.config.max_speculative_tokens, fixed=self.config.speculation == "fixed")
+        self.overlap = OverlapPolicy(self.config.overlap)
         self._releases: dict = {}  # worker client -> handles to release after this iteration
         self._last_probe = 0.0
         self._round_alone = True
@@ -280,6 +285,7 @@ class Coordinator:
                 else:
                     sequence.draft_prefilled = True
                     sequence.draft_cached = result
+                    sequence.pre_proposal = None
 
     def _variant_pool(self, sequence: SequenceState) -> ReplicaPool | None:
         """The sequence's draft variant, chosen by weight on first need and kept for the request's life."""
@@ -301,36 +307,53 @@ class Coordinator:
         rates = [self.policy.rate(s.acceptance, s.draft_variant) if adaptive[s] else 0.0 for s in sequences]
         k = self.policy.choose(rates, batch, max((limits[s] for s in sequences if adaptive[s]), default=0))
         k_of = {s: min(k, limits[s]) if adaptive[s] else limits[s] for s in sequences}
-        proposing = [s for s in sequences if k_of[s] > 0]
+        # Overlap (pre_proposals.py): proposals made ahead last round whose continuation came true need no draft call.
+        proposals = self._take_pre_proposals(sequences, k_of)
+        pre_proposed = bool(proposals)
+        overlap = self._overlap_this_round(sequences, k_of, batch)
+        proposing = [s for s in sequences if k_of[s] > 0 and s not in proposals]
         started = time.perf_counter()
         propose_calls = [
-            self._call(client, "propose", [ProposeItem(s.handle, s.draft_cached, s.committed[s.draft_cached :], k_of[s]) for s in group], group)
+            self._call(client, "propose", [ProposeItem(s.handle, s.draft_cached, s.committed[s.draft_cached :],
+                                                       k_of[s] + self._guesses(s, k_of[s], overlap)) for s in group], group)
             for client, group in _group(proposing, lambda s: s.draft)
         ]
-        proposals = {}
         for group_results in await _all(propose_calls):
             for sequence, proposal in group_results:
                 if isinstance(proposal, Exception):
                     self._on_draft_error(sequence, proposal)  # this round goes on without proposals
                 else:
-                    proposals[sequence] = proposal
+                    proposals[sequence] = split_guess(proposal, k_of[sequence])
         proposed = time.perf_counter()
         live = [s for s in sequences if not s.finished]
         verify_calls = [
-            self._call(client, "verify", [self._verify_item(s, proposals.get(s)) for s in group], group)
+            self._call(client, "verify", [self._verify_item(s, *proposals.get(s, (None, None))) for s in group], group)
             for client, group in _group(live, lambda s: s.target)
         ]
-        for group_results in await _all(verify_calls):
+        # While the target verifies, the draft proposes the next round from the optimistic continuation.
+        ahead = {s: self._ahead_length(s, batch, k_of[s]) for s in live
+                 if overlap and s in proposals and proposals[s][1] is not None}
+        ahead = {s: n for s, n in ahead.items() if n > 0}
+        ahead_calls = [
+            self._call(client, "propose", [ProposeItem(s.handle, proposals[s][0].num_cached, [proposals[s][1]], ahead[s])
+                                           for s in group], group)
+            for client, group in _group(list(ahead), lambda s: s.draft)
+        ]
+        verify_results, ahead_results, verify_seconds, ahead_seconds = await self._verify_and_propose_ahead(
+            verify_calls, ahead_calls)
+        verified = time.perf_counter()
+        pre_proposals = {s: p for group_results in ahead_results for s, p in group_results}
+        for group_results in verify_results:
             for sequence, verdict in group_results:
                 if sequence.finished:
                     continue
                 if isinstance(verdict, Exception):
                     self._on_target_error(sequence, verdict)
                     continue
-                proposal = proposals.get(sequence)
+                proposal, guess = proposals.get(sequence, (None, None))
+                committed_len = len(sequence.committed)
                 if proposal is not None:
                     # The draft's KV is valid up to the accepted proposals it computed.
-                    committed_len = len(sequence.committed)
                     sequence.draft_cached = min(proposal.num_cached, committed_len + verdict.num_accepted)
                     sequence.bonus = verdict.num_accepted == len(proposal.token_ids) > 0
                     if proposal.token_ids:
@@ -338,13 +361,94 @@ class Coordinator:
                                                       len(proposal.token_ids), verdict.num_accepted)
                 sequence.target_cached = verdict.num_cached
                 self._commit(sequence, verdict, num_draft=len(proposal.token_ids) if proposal else 0)
-        if self._round_alone and all(n in (0, k) for n in k_of.values()):  # a clean round of one k: its cost
-            self.policy.record_costs(batch, k, proposed - started, time.perf_counter() - proposed)
+                if guess is not None and verdict.num_accepted == len(proposal.token_ids):
+                    self._keep_pre_proposal(sequence, verdict, guess, committed_len, pre_proposals.get(sequence))
+        for sequence, pre_proposal in pre_proposals.items():
+            if isinstance(pre_proposal, Exception) and not sequence.finished:
+                self._on_draft_error(sequence, pre_proposal)
+        clean = self._round_alone and all(n in (0, k) for n in k_of.values())
+        if clean and not overlap and not pre_proposed:  # a serial round of one k: its cost
+            self.policy.record_costs(batch, k, proposed - started, verified - proposed)
+        elif clean and ahead_calls:
+            self.overlap.record_phase(batch, k, verified - proposed, ahead_seconds)
+            # The speculation policy's costs too (k+1 proposals ahead: k of them its propose cost), so that k stays
+            # adaptive while every round overlaps; concurrent calls only ever look slower, never faster.
+            self.policy.record_costs(batch, k, ahead_seconds * k / (k + 1), verify_seconds)
         self.telemetry.round_chosen(k, batch)
+
+    # ---- overlapped rounds (overlap_policy.py, pre_proposals.py) -------------------------------------------------
+
+    def _overlap_this_round(self, sequences: list[SequenceState], k_of: dict, batch: int) -> bool:
+        speculating = [s for s in sequences if k_of[s] > 0]
+        if not speculating or self.overlap.mode == "off":
+            return False
+        k = max(k_of[s] for s in speculating)
+        costs = self.policy.buckets.get(bucket_of(batch))
+        t_propose = costs.propose_cost(k) if costs else None
+        t_verify = costs.verify_cost(k) if costs else None
+        concurrent = all(getattr(s.draft, "concurrent", True) and getattr(s.target, "concurrent", True)
+                         for s in speculating)
+        rates = [self.policy.rate(s.acceptance, s.draft_variant) for s in speculating]
+        return self.overlap.decide(batch, k, rates, t_propose, t_verify, concurrent)
+
+    def _guesses(self, sequence: SequenceState, k: int, overlap: bool) -> int:
+        """1 when the propose call also samples the bonus guess (an overlapped round with room for one more)."""
+        if not overlap or k <= 0 or k + 1 > self.config.max_speculative_tokens:
+            return 0
+        return int(k + 1 <= sequence.draft.max_model_len - len(sequence.committed) + 1)
+
+    def _ahead_length(self, sequence: SequenceState, batch: int, k: int) -> int:
+        """Proposals (with their own guess when there is room) of the next round, drawn ahead from the optimistic
+        continuation: the k that round gets if it comes true, at most this round's k (seeded requests keep theirs)."""
+        ahead = k + 1
+        next_k = min(k, self._speculation_length(sequence, batch, ahead=ahead))
+        if next_k <= 0:
+            return 0
+        room = sequence.draft.max_model_len - (len(sequence.committed) + ahead) + 1
+        return next_k + int(next_k + 1 <= min(room, self.config.max_speculative_tokens))
+
+    def _take_pre_proposals(self, sequences: list[SequenceState], k_of: dict) -> dict:
+        """The pre-proposals whose continuation came true, cut to this round's k (their next token the new guess)."""
+        ready = {}
+        for sequence in sequences:
+            pre, sequence.pre_proposal = sequence.pre_proposal, None
+            if (pre is None or k_of[sequence] <= 0 or pre.client is not sequence.draft or not sequence.draft_prefilled
+                    or pre.valid_at != len(sequence.committed)):
+                continue
+            k_of[sequence] = min(k_of[sequence], len(pre.proposal.token_ids))
+            ready[sequence] = split_guess(pre.proposal, k_of[sequence])
+            sequence.stats.pre_proposed_rounds += 1
+        return ready
+
+    def _keep_pre_proposal(self, sequence: SequenceState, verdict, guess: int, committed_len: int, pre) -> None:
+        """After a verdict that accepted every proposal: the bonus guess was right or wrong; when right (and the draft
+        proposed ahead), the pre-proposal is the next round's proposal and the draft's KV holds every committed token."""
+        matched = verdict.token_ids[-1] == guess
+        self.overlap.record_guess(matched)
+        if (not matched or pre is None or isinstance(pre, Exception) or sequence.finished or not pre.token_ids
+                or len(sequence.committed) != committed_len + len(verdict.token_ids)):
+            return
+        sequence.draft_cached = len(sequence.committed)
+        sequence.pre_proposal = PreProposal(pre, sequence.draft, len(sequence.committed))
+
+    async def _verify_and_propose_ahead(self, verify_calls: list, ahead_calls: list):
+        """The verification and the proposals ahead at once; returns both results and each side's seconds."""
+        if not ahead_calls:
+            return await _all(verify_calls), [], None, None
+        started = time.perf_counter()
+
+        async def timed(calls):
+            results = await _all(calls)
+            return results, time.perf_counter() - started
+
+        (verify_results, verify_seconds), (ahead_results, ahead_seconds) = await asyncio.gather(
+            timed(verify_calls), timed(ahead_calls))
+        return verify_results, ahead_results, verify_seconds, ahead_seconds
 
     # ---- faults: lost replicas, lost worker state, KV pressure --------------------------------------------------
 
     def _on_draft_error(self, sequence: SequenceState, error: Exception) -> None:
+        sequence.pre_proposal = None
         if isinstance(error, KVCacheFull):
             return  # no proposals this round; the target decodes alone
         pool = self._variant_pool(sequence)
@@ -398,7 +502,7 @@ class Coordinator:
         pool.down.discard(replica.name)
         log.warning("replica %s is back", replica.name)
 
-    def _verify_item(self, sequence: SequenceState, proposal) -> VerifyItem:
+    def _verify_item(self, sequence: SequenceState, proposal, guess: int | None = None) -> VerifyItem:
         item = VerifyItem(
             sequence.handle,
             sequence.target_cached,
@@ -409,17 +513,19 @@ class Coordinator:
             item.draft_token_ids = proposal.token_ids
             item.q_token_ids = proposal.q_token_ids
             item.q_probs = proposal.q_probs
+            item.bonus_guess = guess  # only the synthetic-acceptance benchmark mode reads it
         return item
 
-    def _speculation_length(self, sequence: SequenceState, batch: int) -> int:
+    def _speculation_length(self, sequence: SequenceState, batch: int, ahead: int = 0) -> int:
+        """The most proposals the sequence may get this round (`ahead`: as if that many more tokens were committed)."""
         if sequence.draft is None or not sequence.draft_prefilled:
             return 0
         params = sequence.request.params
         k = params.num_speculative_tokens if params.num_speculative_tokens is not None else self.config.num_speculative_tokens
         if self.config.disable_speculation_batch_size and batch >= self.config.disable_speculation_batch_size:
             return 0
-        length = len(sequence.committed)
-        remaining = params.max_tokens - len(sequence.generated) - 1
+        length = len(sequence.committed) + ahead
+        remaining = params.max_tokens - len(sequence.generated) - ahead - 1
         room = min(sequence.target.max_model_len - length, sequence.draft.max_model_len - length + 1)
         return max(0, min(k, remaining, room))
 
@@ -486,6 +592,7 @@ class Coordinator:
         self.running.remove(sequence)
         sequence.target = sequence.draft = None
         sequence.prefilled = sequence.draft_prefilled = False
+        sequence.pre_proposal = None
         sequence.preemptions += 1
         self.waiting.appendleft(sequence)
 
@@ -497,6 +604,7 @@ class Coordinator:
             self._pending_release(sequence.draft, sequence.handle)
         sequence.draft = None
         sequence.draft_prefilled = False
+        sequence.pre_proposal = None
 
     def _unpin(self, sequence: SequenceState) -> None:
         self.targets.unpin(sequence.target)

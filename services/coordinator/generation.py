@@ -20,6 +20,7 @@ class SpeculationStats:
     accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)  # accepted count at proposal position i
     drafted_per_position: list[int] = field(default_factory=list)
+    pre_proposed_rounds: int = 0  # rounds whose proposals the draft made ahead, during the previous verification
 
     @property
     def acceptance_rate(self) -> float:

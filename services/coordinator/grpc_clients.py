@@ -6,6 +6,7 @@ import socket
 import grpc
 
 from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
+from specsplit.services.coordinator.call_streams import CallStream
 from specsplit.services.errors import Unavailable
 from specsplit.services.rpc import worker_messages as msg
 from specsplit.services.rpc.server import MAX_MESSAGE_BYTES
@@ -36,11 +37,19 @@ def expand_address(address: str) -> list[str]:
     return [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips]
 
 
+WORKER_TRANSPORTS = ("stream", "unary")
+
+
 class _GrpcWorkerClient:
     stub_class = None
     role = ""
+    stream_method = ""  # the round's call (Propose or Verify), also served over a long-lived stream
 
-    def __init__(self, address: str, call_timeout: float = 60.0, security=None):
+    def __init__(self, address: str, call_timeout: float = 60.0, security=None, transport: str = "stream"):
+        """`transport`: how the round's call travels: "stream" (one long-lived bidirectional stream, call_streams.py;
+        unary while tracing, whose per-item contexts travel in call metadata) or "unary" (a call per round)."""
+        if transport not in WORKER_TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(WORKER_TRANSPORTS)}, not {transport!r}")
         self.name = address
         self.address = address
         self.call_timeout = call_timeout
@@ -51,6 +60,10 @@ class _GrpcWorkerClient:
             self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self.stub = self.stub_class(self.channel)
         self.info: worker_pb2.WorkerInfo | None = None
+        self.stream = None
+        if transport == "stream":
+            open_stream = getattr(self.stub, self.stream_method + "Stream")
+            self.stream = CallStream(lambda: open_stream(), call_timeout)
 
     @property
     def vocab_size(self) -> int:
@@ -87,29 +100,44 @@ class _GrpcWorkerClient:
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
 
+    async def _round_call(self, request):
+        """The round's call: over the stream when there is one (and no trace context must travel), else unary."""
+        if self.stream is None or self.stream.unsupported or outgoing_metadata() is not None:
+            return await self._call(getattr(self.stub, self.stream_method), request)
+        try:
+            return await self.stream.request(request)
+        except grpc.RpcError as error:
+            if self.stream.unsupported:  # an older worker: unary from now on
+                return await self._call(getattr(self.stub, self.stream_method), request)
+            raise error_from_rpc(error) from None
+
     async def close(self):
+        if self.stream is not None:
+            self.stream.close()
         await self.channel.close()
 
 
 class GrpcDraftClient(_GrpcWorkerClient):
     stub_class = worker_pb2_grpc.DraftWorkerStub
     role = "draft"
+    stream_method = "Propose"
 
     async def prefill(self, items):
         return msg.draft_prefill_results(await self._call(self.stub.Prefill, msg.draft_prefill_request(items)))
 
     async def propose(self, items):
-        return msg.proposals(await self._call(self.stub.Propose, msg.propose_request(items)))
+        return msg.proposals(await self._round_call(msg.propose_request(items)))
 
 
 class GrpcTargetClient(_GrpcWorkerClient):
     stub_class = worker_pb2_grpc.TargetWorkerStub
     role = "target"
+    stream_method = "Verify"
 
     async def prefill(self, items):
         response = await self._call(self.stub.Prefill, msg.target_prefill_request(items))
         return msg.verdicts(response, [i.logprobs is not None for i in items])
 
     async def verify(self, items):
-        response = await self._call(self.stub.Verify, msg.verify_request(items))
+        response = await self._round_call(msg.verify_request(items))
         return msg.verdicts(response, [i.logprobs is not None for i in items])

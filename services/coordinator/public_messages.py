@@ -100,6 +100,7 @@ def _stats_pb(stats: SpeculationStats, variant: str, acceptance_method: str) -> 
         accepted_per_position=stats.accepted_per_position,
         draft_variant=variant,
         acceptance_method=acceptance_method_pb(acceptance_method),
+        pre_proposed_rounds=stats.pre_proposed_rounds,
     )
 
 
@@ -135,6 +136,7 @@ def result_from_pb(m: generation_pb2.GenerateResponse, wants_logprobs: bool = Fa
         accepted_tokens=s.accepted_tokens,
         accepted_per_position=list(s.accepted_per_position),
         drafted_per_position=list(s.drafted_per_position),
+        pre_proposed_rounds=s.pre_proposed_rounds,
     )
     return GenerationResult(
         request_id=m.request_id,

@@ -38,6 +38,7 @@ class SequenceState:
     target_lost_since: float | None = None
     preemptions: int = 0
     bonus: bool = False
+    pre_proposal: object | None = None    # overlapped rounds: the next round's proposals, drawn ahead (pre_proposals.py)
     finished: bool = False
     finish_reason: str | None = None
     error: Exception | None = None

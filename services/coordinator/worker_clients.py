@@ -32,6 +32,8 @@ class TargetClient(Protocol):
 
 
 class LocalDraftClient:
+    concurrent = False  # its calls run on the event loop's thread: nothing else runs meanwhile (no overlap to gain)
+
     def __init__(self, proposer: DraftProposer, name: str = "local-draft"):
         self.proposer = proposer
         self.name = name
@@ -49,6 +51,8 @@ class LocalDraftClient:
 
 
 class LocalTargetClient:
+    concurrent = False
+
     def __init__(self, verifier: TargetVerifier, name: str = "local-target"):
         self.verifier = verifier
         self.name = name

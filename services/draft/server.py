@@ -32,6 +32,10 @@ class DraftService(worker_pb2_grpc.DraftWorkerServicer):
         items = self.telemetry.received(msg.propose_items(request), context)
         return msg.propose_response(await self.batcher.submit("propose", items))
 
+    async def ProposeStream(self, requests, context):
+        async for request in requests:  # one at a time: responses keep the requests' order
+            yield await self.Propose(request, context)
+
     async def Release(self, request, context):
         released = await self.batcher.submit("release", list(request.handles))
         return worker_pb2.ReleaseResponse(released=sum(bool(r) for r in released))

@@ -37,19 +37,23 @@ def sampling_from_pb(m: worker_pb2.WorkerSampling) -> WorkerSampling:
 
 
 def pack_ids(t: torch.Tensor) -> bytes:
+    if t.device.type == "cpu" and not t.requires_grad:  # the usual case: numpy straight away (each torch call
+        return t.numpy().astype("<i4").tobytes()         # costs microseconds, times sequences and fields)
     return t.detach().to("cpu", torch.int32).contiguous().numpy().astype("<i4", copy=False).tobytes()
 
 
 def pack_probs(t: torch.Tensor) -> bytes:
+    if t.device.type == "cpu" and not t.requires_grad and t.dtype == torch.float32:
+        return t.numpy().astype("<f4", copy=False).tobytes()
     return t.detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4", copy=False).tobytes()
 
 
 def unpack_ids(data: bytes, rows: int, cols: int) -> torch.Tensor:
-    return torch.from_numpy(np.frombuffer(data, dtype="<i4").astype(np.int64)).view(rows, cols)
+    return torch.from_numpy(np.frombuffer(data, dtype="<i4").astype(np.int64).reshape(rows, cols))
 
 
 def unpack_probs(data: bytes, rows: int, cols: int) -> torch.Tensor:
-    return torch.from_numpy(np.frombuffer(data, dtype="<f4").copy()).view(rows, cols)
+    return torch.from_numpy(np.frombuffer(data, dtype="<f4").reshape(rows, cols).copy())
 
 
 def _optional(m, name):
@@ -152,7 +156,8 @@ def target_prefill_items(request: worker_pb2.TargetPrefillRequest) -> list[Targe
 def verify_request(items: list[VerifyItem]) -> worker_pb2.VerifyRequest:
     out = []
     for i in items:
-        m = worker_pb2.VerifyItem(handle=i.handle, cached_len=i.cached_len, delta=i.delta, logprobs=i.logprobs)
+        m = worker_pb2.VerifyItem(handle=i.handle, cached_len=i.cached_len, delta=i.delta, logprobs=i.logprobs,
+                                  bonus_guess=i.bonus_guess)
         if i.draft_token_ids:
             m.draft_token_ids.extend(i.draft_token_ids)
             m.support = i.q_token_ids.shape[1]
@@ -169,7 +174,8 @@ def verify_items(request: worker_pb2.VerifyRequest) -> list:
     out = []
     for i in request.items:
         k = len(i.draft_token_ids)
-        item = VerifyItem(i.handle, i.cached_len, list(i.delta), list(i.draft_token_ids), logprobs=_optional(i, "logprobs"))
+        item = VerifyItem(i.handle, i.cached_len, list(i.delta), list(i.draft_token_ids), logprobs=_optional(i, "logprobs"),
+                          bonus_guess=_optional(i, "bonus_guess"))
         if k:
             support = i.support
             if support < 1 or len(i.q_token_ids) != 4 * k * support or len(i.q_probs) != 4 * k * support:

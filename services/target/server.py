@@ -38,6 +38,10 @@ class TargetService(worker_pb2_grpc.TargetWorkerServicer):
         items = self.telemetry.received(msg.verify_items(request), context)
         return msg.verify_response(await self.batcher.submit("verify", items))
 
+    async def VerifyStream(self, requests, context):
+        async for request in requests:  # one at a time: responses keep the requests' order
+            yield await self.Verify(request, context)
+
     async def Release(self, request, context):
         released = await self.batcher.submit("release", list(request.handles))
         return worker_pb2.ReleaseResponse(released=sum(bool(r) for r in released))

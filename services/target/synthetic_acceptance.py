@@ -6,6 +6,12 @@ acceptance rate alpha, as vLLM's synthetic-acceptance benchmark mode does. It is
 `synthetic_acceptance=` argument (`specsplit target --synthetic-acceptance ALPHA`), which logs a warning, and every
 result measured with it must be labelled synthetic.
 
+Overlapped rounds (coordinator/pre_proposals.py) also guess the bonus token; a random-weight draft never guesses a
+real one, so when a sequence sends its guess and every proposal was accepted, a coin of the same bias at the bonus
+position (the same stream: that position's coin decides nothing else) says whether the bonus is the guess: heads
+emits the guess, tails the target's sample. A pre-proposal is then used with probability alpha^(k+1), as for a
+trained pair whose acceptance rate, bonus guess included, is alpha.
+
 Per proposal d_i the coin is a counter-based uniform of (request seed, absolute position, its own stream): accepted
 iff u < alpha. The first rejected position (or the position after the last proposal) then emits a real sample of
 the target's distribution p there, so emitted tokens are still the target's samples, only the accept decision is
@@ -46,11 +52,13 @@ def synthetic_accept(
     num_draft: torch.Tensor,
     seeds: torch.Tensor,
     positions: torch.Tensor,
+    guesses: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The verifier's decision with a coin (same layout as kernels/rejection_sampling.py, padded per sequence).
 
     logits [n, k+1, V]; probs: the processed distributions there, or None for greedy rows (emit the argmax);
-    proposals [n, k]; num_draft [n]; seeds and positions [n, k+1] (position of each target row's decision).
+    proposals [n, k]; num_draft [n]; seeds and positions [n, k+1] (position of each target row's decision);
+    guesses [n]: each sequence's bonus guess, -1 for none (None: no sequence guessed).
     Returns (output_tokens [n, k+1] padded with -1, num_accepted [n]). No host reads: runs inside a graph.
     """
     num_seqs, width, _ = logits.shape
@@ -70,6 +78,11 @@ def synthetic_accept(
     else:
         uniforms = counter_uniform(seeds[seqs, num_accepted], positions[seqs, num_accepted], STREAM_SAMPLE)
         emitted = sample_from_probs(probs[seqs, num_accepted], uniforms)
+    if guesses is not None:  # every proposal accepted and a guess sent: a coin says whether the bonus is the guess
+        at = seqs, num_accepted
+        right = counter_uniform(seeds[at], positions[at], STREAM_SYNTHETIC) < alpha
+        right &= (num_accepted == num_draft) & (num_draft > 0) & (guesses >= 0)
+        emitted = torch.where(right, guesses, emitted)
     output = torch.where(columns < num_accepted[:, None], torch.cat([proposals, emitted[:, None]], dim=1), -1)
     output.scatter_(1, num_accepted[:, None], emitted[:, None])
     return output, num_accepted

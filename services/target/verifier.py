@@ -46,6 +46,8 @@ class VerifyItem:
     q_token_ids: torch.Tensor | None = None  # [k, K] int64
     q_probs: torch.Tensor | None = None      # [k, K] float32
     logprobs: int | None = None
+    bonus_guess: int | None = None           # the draft's guess of the bonus token (overlapped rounds); read only by
+                                             # the synthetic-acceptance benchmark mode, whose coin decides if it is right
 
 
 @dataclass
@@ -154,6 +156,8 @@ class TargetVerifier:
         fields = {"start": starts, "n_delta": [len(item.delta) for item in batch_items], "tokens": tokens,
                   "k": [len(item.draft_token_ids) for item in batch_items],
                   **sampling_fields([s.sampling for s in sequences])}
+        if shape.synthetic is not None:  # benchmark only: the synthetic coin may confirm a bonus guess
+            fields["guess"] = [-1 if item.bonus_guess is None else item.bonus_guess for item in batch_items]
         if shape.typical != "none":  # NOT lossless, opted in: each sequence's choice and parameters
             samplings = [s.sampling for s in sequences]
             fields["typical"] = [s.acceptance_method == TYPICAL for s in samplings]

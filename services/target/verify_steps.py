@@ -59,6 +59,8 @@ class VerifySteps:
         if shape.typical != "none":  # each sequence's choice and parameters (typical acceptance, NOT lossless)
             fields += [Field("typical"), Field("posterior_threshold", is_float=True),
                        Field("posterior_alpha", is_float=True)]
+        if shape.synthetic is not None:  # benchmark only: the bonus guesses the synthetic coin may confirm
+            fields.append(Field("guess", pad=-1))
         if not shape.greedy and shape.steps:
             fields += [Field("q_ids", shape.steps * shape.support),
                        Field("q_probs", shape.steps * shape.support, is_float=True)]
@@ -96,7 +98,8 @@ def decide(logits: torch.Tensor, proposals: torch.Tensor, num_draft: torch.Tenso
     seeds = f["seed"][:, None].expand(num_seqs, width)
     if shape.synthetic is not None:  # benchmark only: a coin decides, the emitted token is the target's
         probs = _probs(logits, f, shape) if not shape.greedy else None
-        output, accepted = synthetic_accept(shape.synthetic, logits, probs, proposals, num_draft, seeds, positions)
+        output, accepted = synthetic_accept(shape.synthetic, logits, probs, proposals, num_draft, seeds, positions,
+                                            f.get("guess"))
         return Decision(output, accepted)
     if shape.greedy:  # typical acceptance reduces to this too: greedy output is exact whatever the method
         best = logits.argmax(dim=-1)  # one-hot p: accept while the proposal is the argmax, then emit the argmax

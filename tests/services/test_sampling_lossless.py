@@ -135,3 +135,63 @@ def test_speculative_sampling_matches_target_distribution(small_vocab_pair, sett
         counts = np.bincount(outputs[:, position], minlength=16)
         assert chi_square_pvalue(counts, marginals[position]) > ALPHA, f"position {position}"
     assert engine.kv_blocks_used() == {"target": 0, "draft": 0}
+
+
+
+PIPELINED_SETTINGS = [dict(temperature=0.5), dict(temperature=0.8, top_k=4)]
+
+
+@pytest.fixture(scope="module")
+def close_small_vocab_pair(tmp_path_factory):
+    """A draft close enough that whole rounds, bonus guess included, are often right (the pipelined path runs)."""
+    root = tmp_path_factory.mktemp("v16close")
+    target = build_model("qwen2", seed=11, vocab_size=16, scale=0.25).to(torch.float64)
+    draft = perturbed_copy(target, noise=0.03, seed=12)
+    return save_model(target, root / "t", with_tokenizer=False), save_model(draft, root / "d", with_tokenizer=False), target
+
+
+def next_token_probs(model, prefixes: list[list[int]], params: SamplingParams) -> np.ndarray:
+    """The target's processed distribution after each prefix: [n, vocab]."""
+    with torch.no_grad():
+        logits = model(torch.tensor(prefixes)).logits[:, -1].float()
+    n = logits.shape[0]
+    return processed_probs(logits, torch.full((n,), params.temperature), torch.full((n,), params.top_k, dtype=torch.int64),
+                           torch.full((n,), params.top_p)).double().numpy()
+
+
+@pytest.mark.parametrize("setting", PIPELINED_SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+def test_pipelined_sampling_matches_target_distribution(close_small_vocab_pair, setting):
+    """Overlapped rounds (--overlap on), k = 1, 5 tokens: round 1 proposes d_1 and a bonus guess, and the draft
+    proposes round 2 ahead from them; when the verdict matches (d_1 accepted, bonus = guess), round 2 verifies that
+    pre-proposal and decides position 3. Positions 1-3 keep the target's exact marginals; and among the requests whose
+    round 2 ran on a pre-proposal, position 3 follows the target's conditional given their prefix (the selection
+    depends only on positions 1-2 and their own randomness, so the pooled expectation is the mean conditional)."""
+    target_dir, draft_dir, hf_target = close_small_vocab_pair
+    prompt = [3, 1, 4, 1, 5]
+    n = 1500
+    config = CoordinatorConfig(max_num_seqs=500, max_waiting=n, overlap="on", speculation="fixed")
+    engine = LocalEngine(target_dir, draft_dir, num_speculative_tokens=1, dtype="float64", coordinator_config=config)
+
+    async def main():
+        reqs = [
+            engine.coordinator.generate(engine.request(prompt, SamplingParams(max_tokens=5, ignore_eos=True, seed=s, **setting)))
+            for s in range(n)
+        ]
+        results = await asyncio.gather(*reqs)
+        await engine.coordinator.wait_idle()
+        return results
+
+    results = asyncio.run(main())
+    outputs = np.array([r.token_ids for r in results])
+    assert outputs.shape == (n, 5)
+    params = SamplingParams(**setting)
+    marginals = exact_marginals(hf_target, prompt, params, 4)
+    for position in (1, 2, 3):
+        counts = np.bincount(outputs[:, position], minlength=16)
+        assert chi_square_pvalue(counts, marginals[position]) > ALPHA, f"position {position}"
+    pipelined = [r.token_ids for r in results if r.stats.pre_proposed_rounds]
+    assert len(pipelined) > n // 5, len(pipelined)  # the pipelined path ran often
+    expected = next_token_probs(hf_target, [prompt + tokens[:3] for tokens in pipelined], params).mean(axis=0)
+    counts = np.bincount([tokens[3] for tokens in pipelined], minlength=16)
+    assert chi_square_pvalue(counts, expected) > ALPHA
+    assert engine.kv_blocks_used() == {"target": 0, "draft": 0}

@@ -1,0 +1,88 @@
+"""The overlap decision: the stated bound, and `auto` turning overlap off where it cannot win."""
+
+import pytest
+
+from specsplit.services.coordinator.overlap_policy import (
+    OverlapPolicy,
+    hit_rate,
+    overlap_speedup_bound,
+    overlapped_round_time,
+    serial_round_time,
+)
+
+
+def test_bound_formulas():
+    assert serial_round_time(0.004, 0.010) == pytest.approx(0.014)
+    # Every pre-proposal used: the draft is hidden entirely behind the verification.
+    assert overlapped_round_time(0.005, 0.010, all_hit=1.0) == pytest.approx(0.010)
+    # None used: a full draft call, then the concurrent phase.
+    assert overlapped_round_time(0.005, 0.010, all_hit=0.0) == pytest.approx(0.015)
+    # A measured phase replaces the ideal max.
+    assert overlapped_round_time(0.005, 0.010, all_hit=0.0, phase=0.014) == pytest.approx(0.019)
+    assert hit_rate(0.9, 4, 0.9) == pytest.approx(0.9 ** 5)
+    # alpha = 0.9, k = 4, batch 1, draft 4 steps of 1 ms (+1 for the guess), verify 10 ms.
+    bound = overlap_speedup_bound(0.9, 4, 0.9, 1, t_propose=0.004, t_ahead=0.005, t_verify=0.010)
+    h = 0.9 ** 5
+    assert bound == pytest.approx(0.014 / ((1 - h) * 0.005 + 0.010))
+    assert bound > 1.1
+    # Large batches almost never have every pre-proposal right: overlap pays a draft call and the extra guess step.
+    assert overlap_speedup_bound(0.7, 4, 0.7, 32, 0.004, 0.005, 0.010) < 1.0
+
+
+def test_modes():
+    assert OverlapPolicy("on").decide(1, 4, [0.1], None, None, concurrent=False)
+    assert not OverlapPolicy("off").decide(1, 4, [0.99], 0.004, 0.01, concurrent=True)
+    assert not OverlapPolicy("on").decide(1, 0, [0.9], 0.004, 0.01, concurrent=True)  # nothing to overlap
+    with pytest.raises(ValueError):
+        OverlapPolicy("sometimes")
+
+
+def test_auto_needs_concurrent_workers_and_measured_costs():
+    policy = OverlapPolicy("auto")
+    assert not policy.decide(1, 4, [0.9], 0.004, 0.010, concurrent=False)  # in-process: never
+    assert not policy.decide(1, 4, [0.9], None, 0.010, concurrent=True)    # serial costs not measured yet
+    assert policy.decide(1, 4, [0.9], 0.004, 0.010, concurrent=True)       # the bound says it may pay: try
+
+
+def test_auto_off_when_the_bound_says_no():
+    policy = OverlapPolicy("auto")
+    assert not policy.decide(1, 4, [0.2], 0.004, 0.010, concurrent=True)   # pre-proposals almost never used
+    assert not policy.decide(32, 4, [0.7] * 32, 0.004, 0.010, concurrent=True)
+
+
+def test_auto_measures_the_phase_and_turns_off_on_a_shared_device():
+    shared, separate = OverlapPolicy("auto"), OverlapPolicy("auto")
+    for _ in range(3):
+        shared.record_phase(1, 4, phase_seconds=0.015, ahead_seconds=0.005)     # verify + draft one after the other
+        separate.record_phase(1, 4, phase_seconds=0.0102, ahead_seconds=0.005)  # truly concurrent
+    assert not shared.decide(1, 4, [0.9], 0.004, 0.010, concurrent=True)
+    assert separate.decide(1, 4, [0.9], 0.004, 0.010, concurrent=True)
+    assert separate.last_estimate["measured"] < separate.last_estimate["serial"]
+
+
+def test_guess_rate_is_measured():
+    policy = OverlapPolicy("auto")
+    assert policy.guess_rate(0.8) == pytest.approx(0.8)
+    for matched in [False] * 40:
+        policy.record_guess(matched)
+    assert policy.guess_rate(0.8) < 0.1
+    # A draft that never guesses the bonus: pre-proposals are never used, so overlap is not tried.
+    assert not policy.decide(1, 4, [0.95], 0.004, 0.010, concurrent=True)
+
+
+def test_refresh_tries_the_other_choice_once():
+    policy = OverlapPolicy("auto", refresh_interval=10)
+    for _ in range(3):
+        policy.record_phase(1, 4, 0.0102, 0.005)
+    choices = [policy.decide(1, 4, [0.9], 0.004, 0.010, concurrent=True) for _ in range(30)]
+    assert choices.count(False) == 3 and choices.count(True) == 27
+
+
+def test_a_slow_trial_is_retried_after_the_refresh_interval():
+    policy = OverlapPolicy("auto", refresh_interval=10)
+    policy.record_phase(1, 4, phase_seconds=0.030, ahead_seconds=0.030)  # one trial hit by a pause
+    choices = [policy.decide(1, 4, [0.9], 0.004, 0.010, concurrent=True) for _ in range(20)]
+    assert choices.count(True) == 2  # off, but overlapped once per interval to measure again
+    for _ in range(5):
+        policy.record_phase(1, 4, phase_seconds=0.0102, ahead_seconds=0.005)  # the pause is gone
+    assert policy.decide(1, 4, [0.9], 0.004, 0.010, concurrent=True)
