@@ -92,6 +92,10 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
     add_speculation_arg(s)
     add_acceptance_args(s)
     add_logprobs_switch_arg(s)
+    for role in ("target", "draft", "coordinator"):
+        s.add_argument(f"--{role}-threads", type=int, default=0, metavar="N",
+                       help=f"intra-op CPU threads of the {role} process (0 = "
+                       + ("1" if role == "coordinator" else "all cores: draft and target take turns within a round") + ")")
     s.set_defaults(handler=_run_serve)
 
 
@@ -142,7 +146,7 @@ def _run_worker(args) -> int:
 
     if args.tensor_parallel_size != 1:
         raise SystemExit("specsplit: error: tensor parallelism (--tensor-parallel-size > 1) is not available in this version")
-    apply_threads(args.role, args.threads)
+    print(f"specsplit {args.role} uses {apply_threads(args.role, args.threads)} CPU threads", flush=True)
     options = dict(dtype=args.dtype, device=args.device, num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
                    weight_format=args.weights, prefix_caching=args.prefix_caching, warm_up_k=args.warm_up_k,
                    layout_k=args.layout_k)
@@ -161,7 +165,7 @@ def _run_coordinator(args) -> int:
     from specsplit.services.coordinator.coordinator import CoordinatorConfig
     from specsplit.services.coordinator.process import serve_coordinator
 
-    apply_threads("coordinator", args.threads)
+    print(f"specsplit coordinator uses {apply_threads('coordinator', args.threads)} CPU threads", flush=True)
     config = CoordinatorConfig(
         num_speculative_tokens=args.num_speculative_tokens,
         speculation=args.speculation,
@@ -212,24 +216,24 @@ def _run_serve(args) -> int:
         # An auto target layout is measured for the rows it runs: k+1 to verify, 1 to decode alone.
         target, target_addr = spawn_service(["target", "--model", args.target, "--host", "127.0.0.1", "--port", "0",
                                              "--weights", args.target_weights, "--layout-k", str(k if args.draft else 0),
-                                             *model_flags, *worker_metrics,
+                                             "--threads", str(args.target_threads), *model_flags, *worker_metrics,
                                              *acceptance_argv(args)])
         processes.append(target)
         coordinator_argv = ["coordinator", "--target", target_addr, "--host", args.host, "--port", str(args.port),
                             "-k", str(k if args.draft else 0), "--metrics-port", str(args.metrics_port),
-                            "--speculation", args.speculation]
+                            "--speculation", args.speculation, "--threads", str(args.coordinator_threads)]
         if not args.logprobs_while_speculating:
             coordinator_argv.append("--no-logprobs-while-speculating")
         if args.draft:
             draft, draft_addr = spawn_service(["draft", "--model", args.draft, "--host", "127.0.0.1", "--port", "0",
                                                "--weights", args.draft_weights, "--layout-k", str(k),
-                                               *model_flags, *worker_metrics])
+                                               "--threads", str(args.draft_threads), *model_flags, *worker_metrics])
             processes.append(draft)
             coordinator_argv += ["--draft", draft_addr]
         coordinator, address = spawn_service(coordinator_argv)
         processes.append(coordinator)
         print(f"specsplit serving on {address}", flush=True)
-        for line in (line for p in processes for line in p.startup_lines if " metrics on " in line):
+        for line in (line for p in processes for line in p.startup_lines if " metrics on " in line or " CPU threads" in line):
             print(line, file=sys.stderr)
         if args.prompt is not None or args.prompt_ids:
             return _one_request(args, address)
