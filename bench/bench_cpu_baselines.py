@@ -43,6 +43,7 @@ from specsplit.services.sampling_params import SamplingParams  # noqa: E402
 from specsplit.services.service_commands import spawn_service  # noqa: E402
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
+CALIBRATED_TARGET_ONLY = "specsplit target-only, calibrated (auto)"
 KV_BLOCKS = 128  # 2,048 tokens per model: a prompt and its new tokens, one request at a time
 
 
@@ -120,24 +121,26 @@ def run_target_only_in_process(rec: Recorder, target_dir, warm, prompts, tokens:
 
 
 def calibration_part(target_dir, draft_dir) -> dict:
-    """Seconds the calibration adds to a first start (an empty cache) and to a later one, per role; and the choice
-    `auto` makes with the real cache (what every system below uses)."""
+    """Seconds the calibration adds to a first start (an empty cache) and to a later one (a cache hit), per role and
+    row count; and the choice `auto` makes with the real cache, which the systems after it use."""
     out = {}
     scratch = Path(tempfile.mkdtemp()) / "layouts.json"
-    for name, folder, role, k in (("target-only", target_dir, "target", 0), ("target k=4", target_dir, "target", 4),
-                                  ("draft k=4", draft_dir, "draft", 4)):
+    for folder, role, ks in ((target_dir, "target", (0, 4)), (draft_dir, "draft", (4,))):
         loaded = load_model(str(folder))
-        start = time.perf_counter()
-        first = choose_layout(loaded, "auto", role, role_rows(role, k), cache_file=scratch)
-        first_s = time.perf_counter() - start
-        start = time.perf_counter()
-        again = choose_layout(loaded, "auto", role, role_rows(role, k), cache_file=scratch)
-        again_s = time.perf_counter() - start
-        used = choose_layout(loaded, "auto", role, role_rows(role, k))  # the real cache: measured once per machine
-        out[name] = {"first_start_s": first_s, "later_start_s": again_s, "choice_first": first.layout,
-                     "ms_first": first.ms, "choice_used": used.layout, "ms_used": used.ms, "source_used": used.source,
-                     "same_choice_on_later_start": again.layout == first.layout}
-        print(name, out[name], flush=True)
+        for k in ks:
+            rows = role_rows(role, k)
+            start = time.perf_counter()
+            first = choose_layout(loaded, "auto", role, rows, cache_file=scratch)
+            first_s = time.perf_counter() - start
+            start = time.perf_counter()
+            again = choose_layout(loaded, "auto", role, rows, cache_file=scratch)
+            again_s = time.perf_counter() - start
+            used = choose_layout(loaded, "auto", role, rows)  # the real cache: measured once per machine
+            name = f"{role} k={k}"
+            out[name] = {"rows": rows, "first_start_s": first_s, "later_start_s": again_s, "choice_first": first.layout,
+                         "ms_first": first.ms, "choice_used": used.layout, "ms_used": used.ms,
+                         "source_used": used.source, "same_choice_on_later_start": again.layout == first.layout}
+            print(name, out[name], flush=True)
         del loaded
         gc.collect()
     return out
@@ -178,33 +181,46 @@ def main() -> None:
     parser.add_argument("--parts", default="transformers,target,calibration,speculative,services",
                         help="comma list of: transformers, target, calibration, speculative, services")
     parser.add_argument("--name", default="", help="suffix for the result file")
+    parser.add_argument("--target", default=TARGET, help="a built-in name or a folder (a tiny pair checks the script)")
+    parser.add_argument("--draft", default=DRAFT)
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
     parts = set(args.parts.split(","))
-    target_dir, draft_dir = resolve_model(TARGET), resolve_model(DRAFT)
+    target_dir, draft_dir = resolve_model(args.target), resolve_model(args.draft)
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     texts = humaneval_prompts(args.prompts + 1)
     warm, *prompts = [tokenizer.encode(p["prompt"]) for p in texts]
     rec = Recorder(tokenizer.eos_token_id)
-    extra = {"target": TARGET, "draft": DRAFT, "dtype": "float32", "prompts": [p["id"] for p in texts[1:]],
+    extra = {"target": args.target, "draft": args.draft, "dtype": "float32", "prompts": [p["id"] for p in texts[1:]],
              "tokens": args.tokens, "lscpu_model": _lscpu_model(), "torch_threads": torch.get_num_threads(),
              "cpu_flags_bf16": _bf16_flags()}
     started = time.perf_counter()
 
+    def save() -> Path:  # after every part: a run stopped late keeps what it measured
+        extra["total_s"] = time.perf_counter() - started
+        summarize(rec, extra)
+        return write_results("cpu_baselines" + args.name, rec.rows, extra)
+
+    if "calibration" in parts:  # first: it fills the real cache the systems below read, as a first start would
+        extra["calibration"] = calibration_part(target_dir, draft_dir)
+        save()
     if "transformers" in parts:
         run_transformers(rec, target_dir, draft_dir, warm, prompts, args.tokens)
-    if "calibration" in parts:
-        extra["calibration"] = calibration_part(target_dir, draft_dir)
+        save()
     if "target" in parts:
         layouts = run_target_only_in_process(rec, target_dir, warm, prompts, args.tokens)
-        chosen = choose_layout(load_model(str(target_dir)), "auto", "target", role_rows("target", 0))
-        gc.collect()
-        extra["calibrated_target_only"] = {"layout": chosen.layout, "ms": chosen.ms, "source": chosen.source,
-                                           "same_as_row": f"specsplit target-only, {chosen.layout}"}
-        base = layouts[chosen.layout]
-        rec.rows.append({**base, "system": f"specsplit target-only, calibrated ({chosen.layout})",
+        if "calibration" in extra:
+            chosen = extra["calibration"]["target k=0"]["choice_used"]
+        else:  # what a target-only engine's `auto` takes on this machine (the cache, or a measurement now)
+            chosen = choose_layout(load_model(str(target_dir)), "auto", "target", role_rows("target", 0)).layout
+            gc.collect()
+        extra["calibrated_target_only"] = chosen
+        base = layouts[chosen]
+        rec.rows.append({**base, "system": CALIBRATED_TARGET_ONLY,
+                         "layout": chosen,
                          "note": "the same configuration as its row above, not run again"})
+        save()
     if "speculative" in parts:
         engine = LocalEngine(str(target_dir), str(draft_dir), num_speculative_tokens=4, num_kv_blocks=KV_BLOCKS,
                              prefix_caching=False)
@@ -215,14 +231,21 @@ def main() -> None:
                    layouts=chosen)
         del engine
         gc.collect()
+        save()
     if "services" in parts:
         with Services(target_dir, None) as services:
             run_services(rec, services, "specsplit services target-only", "target-only", warm, prompts, args.tokens)
         with Services(target_dir, draft_dir) as services:
             run_services(rec, services, "specsplit services k=4 adaptive", "speculative", warm, prompts, args.tokens)
             run_services(rec, services, "specsplit services k=4 fixed", "speculative", warm, prompts, args.tokens, k=4)
+    path = save()
+    print_table(rec.rows, ["system", "tokens_per_s", "vs_fastest_target_only", "vs_transformers_generate",
+                           "vs_in_process", "acceptance", "identical_to_transformers_greedy", "load_avg_1m"])
+    print(f"fastest target-only: {extra['fastest_target_only']}; {extra['total_s']:.0f} s; {path}")
 
-    extra["total_s"] = time.perf_counter() - started
+
+def summarize(rec: Recorder, extra: dict) -> None:
+    """Ratios within the run: to the fastest target-only, to transformers generate, services to in-process."""
     reference = rec.tokens.get("transformers generate")
     target_only = [r for r in rec.rows if r["kind"] == "target-only"]
     fastest = max(target_only, key=lambda r: r["tokens_per_s"]) if target_only else None
@@ -238,16 +261,10 @@ def main() -> None:
         in_process = row["system"].replace("services", "in-process")
         if row["system"].startswith("specsplit services") and in_process in by_system:
             row["vs_in_process"] = row["tokens_per_s"] / by_system[in_process]["tokens_per_s"]
-    if "specsplit services target-only" in by_system and fastest:
-        best_in_process = max((r for r in target_only if r["system"].startswith("specsplit target-only")),
-                              key=lambda r: r["tokens_per_s"], default=None)
-        if best_in_process:
-            row = by_system["specsplit services target-only"]
-            row["vs_in_process"] = row["tokens_per_s"] / best_in_process["tokens_per_s"]
-    path = write_results("cpu_baselines" + args.name, rec.rows, extra)
-    print_table(rec.rows, ["system", "tokens_per_s", "vs_fastest_target_only", "vs_transformers_generate",
-                           "vs_in_process", "acceptance", "identical_to_transformers_greedy", "load_avg_1m"])
-    print(f"fastest target-only: {extra['fastest_target_only']}; {extra['total_s']:.0f} s; {path}")
+    if "specsplit services target-only" in by_system and CALIBRATED_TARGET_ONLY in by_system:
+        # Both use the layout `auto` picks for a target decoding alone.
+        row = by_system["specsplit services target-only"]
+        row["vs_in_process"] = row["tokens_per_s"] / by_system[CALIBRATED_TARGET_ONLY]["tokens_per_s"]
 
 
 def _lscpu_model() -> str:
