@@ -38,8 +38,12 @@ from specsplit.services.models.weight_formats import (
 
 log = logging.getLogger(__name__)
 
-LAYOUTS_ENV = "SPECSPLIT_LAYOUTS"  # "calibrate" (default) or "defaults"
+LAYOUTS_ENV = "SPECSPLIT_LAYOUTS"  # "calibrate" (default), "recalibrate" (measure again, replace) or "defaults"
 CACHE_FILE = "layouts.json"
+# Another layout replaces the role's default (weight_formats.py) only when it measures at least this much faster: a
+# measurement on a busy machine can be off by more than the few percent that separate close layouts, and a wrong
+# choice is cached; the defaults are right on the CPUs measured so far wherever two layouts are close.
+MARGIN = 0.10
 SAMPLED_LAYERS = 2  # layers timed per layout; the rest are assumed alike (every layer has the same shapes)
 # Each layout at a row count is timed until this much time per layout has gone or MAX_REPEATS were run (at least
 # MIN_REPEATS), taking turns with the other layouts.
@@ -57,7 +61,8 @@ class LayoutChoice:
     rows: dict[int, float]  # row count -> how many such forwards a round runs (the weights of the cost)
     ms: dict[str, float] = field(default_factory=dict)  # layout -> weighted matmul milliseconds per round
     seconds: float = 0.0  # what the measurement took (0 when read from the cache or not measured)
-    source: str = "measured"  # measured | cached | requested | defaults
+    source: str = "measured"  # measured | cached | requested | defaults | held
+    default: str | None = None  # the role's default layout, kept when no other was MARGIN faster
 
     def describe(self, model: str) -> str:
         """One line: what was chosen for what, and why."""
@@ -67,7 +72,10 @@ class LayoutChoice:
             return f"{head} ({self.source})"
         others = ", ".join(f"{name} {ms:.1f} ms" for name, ms in sorted(self.ms.items(), key=lambda kv: kv[1]))
         how = f"measured in {self.seconds:.1f} s" if self.source == "measured" else self.source
-        return f"{head} - matmuls per round: {others} ({how} on {cpu_model()}, {torch.get_num_threads()} threads)"
+        why = "the fastest" if self.layout == min(self.ms, key=self.ms.get) else (
+            f"the default, none other {MARGIN:.0%} faster")
+        return (f"{head} ({why}) - matmuls per round: {others} ({how} on {cpu_model()}, "
+                f"{torch.get_num_threads()} threads)")
 
 
 def native_bf16() -> bool:
@@ -123,7 +131,7 @@ def choose_layout(loaded, requested: str, role: str, rows: dict[int, float], tim
         return LayoutChoice(default_layout(role, rows), role, rows, source="defaults")
     cache_file = cache_file or default_cache_file()
     key = cache_key(loaded, role, rows)
-    cached = read_cache(cache_file).get(key)
+    cached = None if os.environ.get(LAYOUTS_ENV) == "recalibrate" else read_cache(cache_file).get(key)
     if cached is not None and cached.get("layout") in candidates:
         choice = LayoutChoice(cached["layout"], role, rows, cached.get("ms", {}), 0.0, "cached")
         log.info("layout %s", choice.describe(loaded.name))
@@ -134,12 +142,21 @@ def choose_layout(loaded, requested: str, role: str, rows: dict[int, float], tim
     for r, weight in rows.items():
         for layout, seconds in timer(candidates, r).items():
             ms[layout] += 1000 * weight * seconds
-    choice = LayoutChoice(min(ms, key=ms.get), role, rows, ms, time.perf_counter() - started, "measured")
+    choice = LayoutChoice(pick(ms, default_layout(role, rows)), role, rows, ms, time.perf_counter() - started, "measured")
     write_cache(cache_file, key, {"layout": choice.layout, "ms": ms, "seconds": choice.seconds, "model": loaded.name,
                                   "role": role, "rows": {str(r): w for r, w in rows.items()}, **machine_key(),
+                                  "load_avg_1m": os.getloadavg()[0],
                                   "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     log.warning("layout %s", choice.describe(loaded.name))
     return choice
+
+
+def pick(ms: dict[str, float], default: str) -> str:
+    """The fastest layout, unless the default is within MARGIN of it."""
+    fastest = min(ms, key=ms.get)
+    if default in ms and ms[fastest] > (1 - MARGIN) * ms[default]:
+        return default
+    return fastest
 
 
 def use_calibrated_layout(loaded, requested: str, role: str, rows: dict[int, float], timer: Timer | None = None,
