@@ -178,15 +178,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--parts", default="transformers,target,calibration,speculative,services",
-                        help="comma list of: transformers, target, calibration, speculative, services")
+    parser.add_argument("--parts", default="calibration,transformers,target,speculative,services",
+                        help="comma list, run in this order: calibration, transformers, target, speculative, services")
     parser.add_argument("--name", default="", help="suffix for the result file")
     parser.add_argument("--target", default=TARGET, help="a built-in name or a folder (a tiny pair checks the script)")
     parser.add_argument("--draft", default=DRAFT)
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
-    parts = set(args.parts.split(","))
+    parts = args.parts.split(",")
     target_dir, draft_dir = resolve_model(args.target), resolve_model(args.draft)
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     texts = humaneval_prompts(args.prompts + 1)
@@ -202,13 +202,13 @@ def main() -> None:
         summarize(rec, extra)
         return write_results("cpu_baselines" + args.name, rec.rows, extra)
 
-    if "calibration" in parts:  # first: it fills the real cache the systems below read, as a first start would
+    def calibration():  # first by default: it fills the real cache the systems after it read, as a first start would
         extra["calibration"] = calibration_part(target_dir, draft_dir)
-        save()
-    if "transformers" in parts:
+
+    def transformers():
         run_transformers(rec, target_dir, draft_dir, warm, prompts, args.tokens)
-        save()
-    if "target" in parts:
+
+    def target():
         layouts = run_target_only_in_process(rec, target_dir, warm, prompts, args.tokens)
         if "calibration" in extra:
             chosen = extra["calibration"]["target k=0"]["choice_used"]
@@ -216,12 +216,10 @@ def main() -> None:
             chosen = choose_layout(load_model(str(target_dir)), "auto", "target", role_rows("target", 0)).layout
             gc.collect()
         extra["calibrated_target_only"] = chosen
-        base = layouts[chosen]
-        rec.rows.append({**base, "system": CALIBRATED_TARGET_ONLY,
-                         "layout": chosen,
+        rec.rows.append({**layouts[chosen], "system": CALIBRATED_TARGET_ONLY, "layout": chosen,
                          "note": "the same configuration as its row above, not run again"})
-        save()
-    if "speculative" in parts:
+
+    def speculative():
         engine = LocalEngine(str(target_dir), str(draft_dir), num_speculative_tokens=4, num_kv_blocks=KV_BLOCKS,
                              prefix_caching=False)
         chosen = {role: c.layout for role, c in engine.layouts.items()}
@@ -231,13 +229,19 @@ def main() -> None:
                    layouts=chosen)
         del engine
         gc.collect()
+
+    def services():
+        with Services(target_dir, None) as running:
+            run_services(rec, running, "specsplit services target-only", "target-only", warm, prompts, args.tokens)
+        with Services(target_dir, draft_dir) as running:
+            run_services(rec, running, "specsplit services k=4 adaptive", "speculative", warm, prompts, args.tokens)
+            run_services(rec, running, "specsplit services k=4 fixed", "speculative", warm, prompts, args.tokens, k=4)
+
+    steps = {"calibration": calibration, "transformers": transformers, "target": target, "speculative": speculative,
+             "services": services}
+    for part in parts:  # in the order given
+        steps[part]()
         save()
-    if "services" in parts:
-        with Services(target_dir, None) as services:
-            run_services(rec, services, "specsplit services target-only", "target-only", warm, prompts, args.tokens)
-        with Services(target_dir, draft_dir) as services:
-            run_services(rec, services, "specsplit services k=4 adaptive", "speculative", warm, prompts, args.tokens)
-            run_services(rec, services, "specsplit services k=4 fixed", "speculative", warm, prompts, args.tokens, k=4)
     path = save()
     print_table(rec.rows, ["system", "tokens_per_s", "vs_fastest_target_only", "vs_transformers_generate",
                            "vs_in_process", "acceptance", "identical_to_transformers_greedy", "load_avg_1m"])
