@@ -28,7 +28,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
+# As the specsplit command sets it (specsplit/cli.py), for every system of this run alike, transformers included.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -194,7 +197,7 @@ def main() -> None:
     rec = Recorder(tokenizer.eos_token_id)
     extra = {"target": args.target, "draft": args.draft, "dtype": "float32", "prompts": [p["id"] for p in texts[1:]],
              "tokens": args.tokens, "lscpu_model": _lscpu_model(), "torch_threads": torch.get_num_threads(),
-             "cpu_flags_bf16": _bf16_flags()}
+             "cpu_flags_bf16": _bf16_flags(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
     started = time.perf_counter()
 
     def save() -> Path:  # after every part: a run stopped late keeps what it measured
