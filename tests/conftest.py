@@ -5,8 +5,11 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# Before torch loads OpenMP, as the specsplit command does (specsplit/cli.py): no spinning threads on a shared machine.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent / "e2e"))
