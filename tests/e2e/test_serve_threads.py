@@ -36,3 +36,17 @@ def test_thread_defaults_and_bad_counts():
     assert threads_for("draft", 3) == 3
     with pytest.raises(ValueError, match=">= 0"):
         threads_for("target", -1)
+
+
+@pytest.mark.parametrize("given, expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_the_specsplit_command_makes_openmp_threads_wait_passively_unless_told(given, expected):
+    """Set before torch loads OpenMP (libgomp reads it once): checked in a fresh interpreter."""
+    import os
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if given:
+        env["OMP_WAIT_POLICY"] = given
+    code = "import specsplit.cli, os, sys, torch; print(os.environ['OMP_WAIT_POLICY'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == expected
