@@ -1,7 +1,7 @@
 """How a model's linear layers hold their weights on the CPU, chosen per role.
 
-- dense: torch's own layout. Fastest for one row at a time (target-only decoding at batch 1), and the only format
-  off the CPU or outside float32.
+- dense: torch's own layout. Often the fastest for one row at a time (target-only decoding at batch 1; which one is,
+  depends on the CPU: layout_calibration.py measures it), and the only format off the CPU or outside float32.
 - packed: float32 weights reordered once into oneDNN's blocked layout. A verification of k+1 rows, or a batched
   decode, then costs little more than one row, where the dense layout repacks the weight on every call and costs
   2-3x one row. Same float32 arithmetic; results differ from dense only in the last bits, as any two GEMM kernels'
