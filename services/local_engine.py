@@ -10,7 +10,7 @@ from specsplit.services.coordinator.worker_clients import LocalDraftClient, Loca
 from specsplit.services.draft.proposer import DraftProposer
 from specsplit.services.errors import InvalidArgument
 from specsplit.services.models.loader import LoadedModel, load_model
-from specsplit.services.models.weight_formats import target_weight_request, use_weight_format
+from specsplit.services.models.layout_calibration import role_rows, use_calibrated_layout
 from specsplit.services.runtime.model_runner import ModelRunner
 from specsplit.services.sampling_params import SamplingParams
 from specsplit.services.target.acceptance_method import AcceptancePolicy
@@ -52,7 +52,8 @@ class LocalEngine:
     ):
         """`synthetic_acceptance`: BENCHMARK ONLY, not lossless (services/target/synthetic_acceptance.py).
         `target_weights` / `draft_weights`: how each model's linear layers hold weights (models/weight_formats.py);
-        a target-only engine (no draft) turns "auto" into dense, the fastest layout for one row at a time.
+        "auto" on a float32 CPU model is measured once per machine for the rows each role runs
+        (models/layout_calibration.py); `self.layouts` says what was chosen and why.
         `speculation`: "adaptive" (k per round, up to num_speculative_tokens) or "fixed" (always that k); a given
         `coordinator_config` keeps its own. `warm_up`: on a GPU, capture the rounds' graphs before the first request
         (a few seconds) instead of when each shape first comes up.
@@ -66,9 +67,10 @@ class LocalEngine:
         if draft is not None and num_speculative_tokens > 0:
             self.draft = draft if isinstance(draft, LoadedModel) else load_model(draft, dtype, device)
             check_compatible(self.target, self.draft)
-        use_weight_format(self.target, target_weight_request(target_weights, self.draft is not None), "target")
+        k = num_speculative_tokens if self.draft is not None else 0
+        self.layouts = {"target": use_calibrated_layout(self.target, target_weights, "target", role_rows("target", k))}
         if self.draft is not None:
-            use_weight_format(self.draft, draft_weights, "draft")
+            self.layouts["draft"] = use_calibrated_layout(self.draft, draft_weights, "draft", role_rows("draft", k))
         self.target_runner = ModelRunner(self.target, num_blocks=num_kv_blocks, block_size=block_size,
                                          prefix_caching=prefix_caching)
         self.verifier = TargetVerifier(self.target_runner, synthetic_acceptance=synthetic_acceptance, acceptance=acceptance)

@@ -5,7 +5,8 @@ import signal
 import subprocess
 import sys
 
-from specsplit.services.models.weight_formats import WEIGHT_FORMATS, target_weight_request
+from specsplit.services.models.weight_formats import DRAFT_ONLY_FORMATS, WEIGHT_FORMATS
+from specsplit.services.runtime.cpu_threads import add_threads_arg, apply_threads
 from specsplit.services.rpc.security import ChannelSecurity, add_server_tls_args, read_tokens, server_security_from_args
 from specsplit.services.target.acceptance_flags import acceptance_argv, acceptance_policy_from_args, add_acceptance_args
 
@@ -27,9 +28,14 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
                            help="BENCHMARK ONLY, NOT LOSSLESS: accept each proposal with probability ALPHA instead of "
                            "the rejection test (for random-weight models); never use when serving")
             add_acceptance_args(p)
-        p.add_argument("--weights", default="auto", choices=WEIGHT_FORMATS,
-                       help="how linear weights are held on the CPU: auto = " + ("int8 (drafts only)" if role == "draft" else "packed")
-                       + " for float32 on the CPU, dense elsewhere; dense is fastest for target-only decoding at batch 1")
+        p.add_argument("--weights", default="auto",
+                       choices=WEIGHT_FORMATS if role == "draft" else [f for f in WEIGHT_FORMATS if f not in DRAFT_ONLY_FORMATS],
+                       help="how linear weights are held on the CPU: auto = the fastest of "
+                       + ("dense, packed, int8 and bf16 (where the CPU has it)" if role == "draft" else "dense and packed float32")
+                       + " for float32 on the CPU, measured once per machine and cached; dense elsewhere")
+        p.add_argument("--layout-k", type=int, default=4, metavar="K",
+                       help="the proposals per round an auto layout is measured for (0 = a target decoding alone)")
+        add_threads_arg(p, role)
         p.add_argument("--warm-up-k", type=int, default=4, metavar="K",
                        help="on a GPU, capture the CUDA graphs of rounds with up to K proposals before listening "
                        "(a few seconds; 0 = capture each shape when it first comes up)")
@@ -66,6 +72,7 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
     c.add_argument("--worker-tls-key", help="its private key")
     c.add_argument("--worker-tls-server-name", help="name to verify in workers' certificates (default: the address's host)")
     add_metrics_port_arg(c)
+    add_threads_arg(c, "coordinator")
     c.set_defaults(handler=_run_coordinator)
 
     s = sub.add_parser(
@@ -85,6 +92,10 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
     add_speculation_arg(s)
     add_acceptance_args(s)
     add_logprobs_switch_arg(s)
+    for role in ("target", "draft", "coordinator"):
+        s.add_argument(f"--{role}-threads", type=int, default=0, metavar="N",
+                       help=f"intra-op CPU threads of the {role} process (0 = "
+                       + ("1" if role == "coordinator" else "all cores: draft and target take turns within a round") + ")")
     s.set_defaults(handler=_run_serve)
 
 
@@ -107,10 +118,12 @@ def add_overlap_arg(p) -> None:
 
 def add_weight_format_args(p) -> None:
     """For commands that load both models (serve, generate --local)."""
-    p.add_argument("--target-weights", default="auto", choices=[f for f in WEIGHT_FORMATS if f != "int8"],
-                   help="the target's weight format (auto: packed for float32 on the CPU with a draft, else dense)")
+    p.add_argument("--target-weights", default="auto", choices=[f for f in WEIGHT_FORMATS if f not in DRAFT_ONLY_FORMATS],
+                   help="the target's weight format (auto: dense or packed float32, whichever this CPU runs the "
+                   "target's rows faster; measured once and cached, see `specsplit models list`)")
     p.add_argument("--draft-weights", default="auto", choices=WEIGHT_FORMATS,
-                   help="the draft's weight format (auto: int8 for float32 on the CPU, else dense)")
+                   help="the draft's weight format (auto: the fastest of dense, packed, int8 and bf16 where the CPU "
+                   "has it, measured once and cached)")
 
 
 def add_logprobs_switch_arg(p) -> None:
@@ -142,8 +155,10 @@ def _run_worker(args) -> int:
 
     if args.tensor_parallel_size != 1:
         raise SystemExit("specsplit: error: tensor parallelism (--tensor-parallel-size > 1) is not available in this version")
+    print(f"specsplit {args.role} uses {apply_threads(args.role, args.threads)} CPU threads", flush=True)
     options = dict(dtype=args.dtype, device=args.device, num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
-                   weight_format=args.weights, prefix_caching=args.prefix_caching, warm_up_k=args.warm_up_k)
+                   weight_format=args.weights, prefix_caching=args.prefix_caching, warm_up_k=args.warm_up_k,
+                   layout_k=args.layout_k)
     if args.role == "draft":
         options["draft_support"] = args.draft_support
     else:
@@ -159,6 +174,7 @@ def _run_coordinator(args) -> int:
     from specsplit.services.coordinator.coordinator import CoordinatorConfig
     from specsplit.services.coordinator.process import serve_coordinator
 
+    print(f"specsplit coordinator uses {apply_threads('coordinator', args.threads)} CPU threads", flush=True)
     config = CoordinatorConfig(
         num_speculative_tokens=args.num_speculative_tokens,
         speculation=args.speculation,
@@ -207,25 +223,28 @@ def _run_serve(args) -> int:
     processes = []
     try:
         print(f"starting target ({args.target})" + (f" and draft ({args.draft})" if args.draft else "") + " ...", file=sys.stderr)
-        target_weights = target_weight_request(args.target_weights, speculative=bool(args.draft))
+        # An auto target layout is measured for the rows it runs: k+1 to verify, 1 to decode alone.
         target, target_addr = spawn_service(["target", "--model", args.target, "--host", "127.0.0.1", "--port", "0",
-                                             "--weights", target_weights, *model_flags, *worker_metrics,
+                                             "--weights", args.target_weights, "--layout-k", str(k if args.draft else 0),
+                                             "--threads", str(args.target_threads), *model_flags, *worker_metrics,
                                              *acceptance_argv(args)])
         processes.append(target)
         coordinator_argv = ["coordinator", "--target", target_addr, "--host", args.host, "--port", str(args.port),
                             "-k", str(k if args.draft else 0), "--metrics-port", str(args.metrics_port),
-                            "--speculation", args.speculation, "--overlap", args.overlap]
+                            "--speculation", args.speculation, "--overlap", args.overlap,
+                            "--threads", str(args.coordinator_threads)]
         if not args.logprobs_while_speculating:
             coordinator_argv.append("--no-logprobs-while-speculating")
         if args.draft:
             draft, draft_addr = spawn_service(["draft", "--model", args.draft, "--host", "127.0.0.1", "--port", "0",
-                                               "--weights", args.draft_weights, *model_flags, *worker_metrics])
+                                               "--weights", args.draft_weights, "--layout-k", str(k),
+                                               "--threads", str(args.draft_threads), *model_flags, *worker_metrics])
             processes.append(draft)
             coordinator_argv += ["--draft", draft_addr]
         coordinator, address = spawn_service(coordinator_argv)
         processes.append(coordinator)
         print(f"specsplit serving on {address}", flush=True)
-        for line in (line for p in processes for line in p.startup_lines if " metrics on " in line):
+        for line in (line for p in processes for line in p.startup_lines if " metrics on " in line or " CPU threads" in line):
             print(line, file=sys.stderr)
         if args.prompt is not None or args.prompt_ids:
             return _one_request(args, address)

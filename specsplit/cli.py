@@ -4,9 +4,16 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 
-from specsplit.services.sampling_params import SamplingParams
+# Before torch loads OpenMP: threads that finish their share of a matmul sleep instead of spinning. Spinning threads
+# take the cores from whoever computes next: the other worker of `serve` on the same cores, or anything else on a
+# shared machine (a 2-core machine with other jobs ran a model 27x slower with 2 spinning threads than with passive
+# ones; bench/bench_cpu_baselines.py). Set OMP_WAIT_POLICY=ACTIVE to spin.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from specsplit.services.sampling_params import SamplingParams  # noqa: E402
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:

@@ -5,8 +5,11 @@ import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# Before torch loads OpenMP, as the specsplit command does (specsplit/cli.py): no spinning threads on a shared machine.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent / "e2e"))
@@ -16,6 +19,9 @@ from tiny_models import build_model, perturbed_copy, save_model  # noqa: E402
 # Tiny models need little KV: 64 MiB per runner unless a test gives a block count (the default, 1 GiB, is zeroed memory
 # per runner, and engines in reference cycles outlive their tests until the collector runs).
 os.environ.setdefault("SPECSPLIT_KV_CACHE_BYTES", str(64 << 20))
+# "auto" weight layouts take weight_formats.py's fixed defaults instead of timing each tiny model (and writing the
+# choice into the user's cache); tests of the calibration itself set it back.
+os.environ.setdefault("SPECSPLIT_LAYOUTS", "defaults")
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -55,12 +55,31 @@ def run_list(args: argparse.Namespace) -> int:
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
     print(f"\ncache: {preparation.models_root()}  (set SPECSPLIT_CACHE to move it)")
+    print_layout_choices()
     if outdated:
         print(
             f"{len(outdated)} cache(s) made by an older specsplit are not used; they are prepared again "
             f"({preparation.PREPARED_DTYPE}) on next use, or now with `specsplit models prepare {' '.join(outdated)}`"
         )
     return 0
+
+
+def print_layout_choices() -> None:
+    """The weight layouts measured on this machine (services/models/layout_calibration.py), one line each."""
+    from specsplit.services.models.layout_calibration import cached_choices_for_this_machine, cpu_model
+
+    choices = cached_choices_for_this_machine()
+    if not choices:
+        print(f"\nweight layouts on this CPU ({cpu_model()}): none measured yet (measured on first start)")
+        return
+    print(f"\nweight layouts measured on this CPU ({cpu_model()}), used when --weights is auto "
+          "(SPECSPLIT_LAYOUTS=recalibrate measures again):")
+    for entry in sorted(choices, key=lambda e: (e.get("model", ""), e.get("role", ""), e.get("threads", 0))):
+        ms = ", ".join(f"{name} {value:.1f} ms" for name, value in sorted(entry.get("ms", {}).items(), key=lambda kv: kv[1]))
+        rows = "+".join(f"{w:g}x{r}" if w != 1 else r for r, w in sorted(entry.get("rows", {}).items(), key=lambda kv: int(kv[0])))
+        load = f", load {entry['load_avg_1m']:.1f}" if "load_avg_1m" in entry else ""
+        print(f"  {entry.get('model')} {entry.get('role')} (rows {rows}, {entry.get('threads')} threads): "
+              f"{entry.get('layout')}  [matmuls per round: {ms}; measured {entry.get('date', '?')}{load}]")
 
 
 def run_prepare(args: argparse.Namespace) -> int:

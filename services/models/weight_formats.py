@@ -1,7 +1,7 @@
 """How a model's linear layers hold their weights on the CPU, chosen per role.
 
-- dense: torch's own layout. Fastest for one row at a time (target-only decoding at batch 1), and the only format
-  off the CPU or outside float32.
+- dense: torch's own layout. Often the fastest for one row at a time (target-only decoding at batch 1; which one is,
+  depends on the CPU: layout_calibration.py measures it), and the only format off the CPU or outside float32.
 - packed: float32 weights reordered once into oneDNN's blocked layout. A verification of k+1 rows, or a batched
   decode, then costs little more than one row, where the dense layout repacks the weight on every call and costs
   2-3x one row. Same float32 arithmetic; results differ from dense only in the last bits, as any two GEMM kernels'
@@ -9,8 +9,11 @@
 - int8: weights quantized per output channel, activations per call (fbgemm): about half the draft's step time.
   Drafts only — it changes the draft's distributions, hence acceptance, but never the output: every token is
   verified against the target's own distribution. The draft's default on the CPU.
+- bf16: weights held in bfloat16 and activations cast to it per call, float32 out. Drafts only, for the same reason
+  as int8; fast only where the CPU multiplies bf16 natively (avx512_bf16, AMX), so calibration offers it there only.
 
-"auto" picks the defaults above for float32 on the CPU and dense everywhere else.
+"auto" picks the defaults above for float32 on the CPU and dense everywhere else; the services and the in-process
+engine resolve "auto" by measurement instead (layout_calibration.py), falling back to these defaults.
 """
 
 import warnings
@@ -20,7 +23,9 @@ from torch import nn
 
 from specsplit.services.errors import InvalidArgument
 
-WEIGHT_FORMATS = ("auto", "dense", "packed", "int8")
+WEIGHT_FORMATS = ("auto", "dense", "packed", "int8", "bf16")
+# Formats that change the model's arithmetic beyond the last bits: never for a target (its outputs are the output).
+DRAFT_ONLY_FORMATS = ("int8", "bf16")
 
 # oneDNN picks its blocking for an expected row count; 5 = a k=4 verification. On the developer CPU
 # (bench/bench_cpu_weight_formats.py --matrix) 2-64 rows run within ~10% of the best of hints 1/5/16/64 for their
@@ -47,8 +52,8 @@ def resolve_weight_format(requested: str, role: str, device: torch.device, dtype
         return "dense"
     if requested != "dense" and not on_cpu_fp32:
         raise InvalidArgument(f"the {requested} weight format needs float32 weights on the CPU")
-    if requested == "int8" and role != "draft":
-        raise InvalidArgument("int8 weights would change the target's outputs; they are for drafts only")
+    if requested in DRAFT_ONLY_FORMATS and role != "draft":
+        raise InvalidArgument(f"{requested} weights would change the target's outputs; they are for drafts only")
     return requested
 
 
@@ -68,7 +73,7 @@ def apply_weight_format(model: nn.Module, weight_format: str) -> None:
     """Replace every nn.Linear under `model` (in place) with the format's version; dense leaves it as it is."""
     if weight_format == "dense":
         return
-    convert = {"packed": PackedLinear, "int8": Int8DynamicLinear}[weight_format]
+    convert = LINEAR_LAYOUTS[weight_format]
     with torch.no_grad(), warnings.catch_warnings():
         # torch marks its quantized-tensor constructors as deprecated; they are still the int8 path it ships.
         warnings.simplefilter("ignore")
@@ -108,6 +113,21 @@ class Int8DynamicLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # reduce_range=True keeps activations to 7 bits so fbgemm's int16 accumulation cannot saturate.
         return torch.ops.quantized.linear_dynamic(x, self._packed, True)
+
+
+class Bf16Linear(nn.Module):
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("weight", linear.weight.detach().to(torch.bfloat16))
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(torch.bfloat16))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(x.to(torch.bfloat16), self.weight, self.bias).float()
+
+
+# How each non-dense format converts one nn.Linear (the source layer is left as it is).
+LINEAR_LAYOUTS = {"packed": PackedLinear, "int8": Int8DynamicLinear, "bf16": Bf16Linear}
 
 
 def _int8_available() -> bool:

@@ -6,7 +6,7 @@ import signal
 import sys
 
 from specsplit.services.models.loader import load_model
-from specsplit.services.models.weight_formats import use_weight_format
+from specsplit.services.models.layout_calibration import role_rows, use_calibrated_layout
 from specsplit.services.rpc.server import start_server
 from specsplit.services.runtime.model_runner import ModelRunner
 from specsplit.services.telemetry.service_observability import observe_worker
@@ -15,9 +15,11 @@ log = logging.getLogger(__name__)
 
 
 def build_worker_service(role: str, model: str, dtype="float32", device="cpu", num_kv_blocks=None, block_size=16, draft_support=32,
-                         synthetic_acceptance=None, weight_format="auto", prefix_caching=True, warm_up_k=4, acceptance=None):
+                         synthetic_acceptance=None, weight_format="auto", prefix_caching=True, warm_up_k=4, acceptance=None,
+                         layout_k=4):
+    """`layout_k`: the proposals per round that an "auto" layout is measured for (0: a target decoding alone)."""
     loaded = load_model(model, dtype, device)
-    use_weight_format(loaded, weight_format, role)
+    use_calibrated_layout(loaded, weight_format, role, role_rows(role, layout_k))
     runner = ModelRunner(loaded, num_blocks=num_kv_blocks, block_size=block_size, prefix_caching=prefix_caching)
     if role == "draft":
         from specsplit.services.draft.proposer import DraftProposer

@@ -1,0 +1,279 @@
+"""Weight layouts chosen by measurement on the machine that runs them, once, then cached.
+
+CPUs differ: one row through a dense float32 matmul is fastest on one Xeon, oneDNN's packed layout is 1.4-1.7x
+faster on an AMD EPYC of the same size. So "auto" on a float32 CPU model is decided by timing the candidate layouts
+(weight_formats.py) on the model's own matmul shapes and the row counts its role runs:
+- target: dense and packed float32 only (the target stays exact: its layouts differ in the last bits at most);
+  1 row per sequence when it decodes alone, k+1 when it verifies k proposals.
+- draft: dense, packed, int8, and bf16 where the CPU multiplies bf16 natively; its precision never changes the
+  output (the target verifies every token), only how fast it drafts and how much of it is accepted.
+
+Only the matmuls are timed, not a whole generation: two of the model's layers and its output head, each layout
+converted from the model's own weights, a few repetitions each (a few seconds on a first start). The choice is
+cached in <cache>/models/layouts.json keyed by CPU model, cores, threads, torch version, model and row counts, so
+later starts read it and time nothing. An explicit --weights / --target-weights / --draft-weights skips all of it;
+SPECSPLIT_LAYOUTS=defaults uses weight_formats.py's fixed defaults without measuring (the tests do).
+"""
+
+import fcntl
+import json
+import logging
+import os
+import platform
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from specsplit.services.models.weight_formats import (
+    LINEAR_LAYOUTS,
+    _int8_available,
+    resolve_weight_format,
+    use_weight_format,
+)
+
+log = logging.getLogger(__name__)
+
+LAYOUTS_ENV = "SPECSPLIT_LAYOUTS"  # "calibrate" (default), "recalibrate" (measure again, replace) or "defaults"
+CACHE_FILE = "layouts.json"
+# Another layout replaces the role's default (weight_formats.py) only when it measures at least this much faster: a
+# measurement on a busy machine can be off by more than the few percent that separate close layouts, and a wrong
+# choice is cached; the defaults are right on the CPUs measured so far wherever two layouts are close.
+MARGIN = 0.10
+SAMPLED_LAYERS = 2  # layers timed per layout; the rest are assumed alike (every layer has the same shapes)
+# Each layout at a row count is timed until this much time per layout has gone or MAX_REPEATS were run (at least
+# MIN_REPEATS), taking turns with the other layouts.
+TIME_PER_MEASUREMENT_S = 0.3
+MIN_REPEATS, MAX_REPEATS = 3, 15
+
+# A timer: (layouts, rows) -> {layout: seconds that one forward's matmuls take at that many rows}. Tests inject one.
+Timer = Callable[[tuple[str, ...], int], dict[str, float]]
+
+
+@dataclass
+class LayoutChoice:
+    layout: str
+    role: str
+    rows: dict[int, float]  # row count -> how many such forwards a round runs (the weights of the cost)
+    ms: dict[str, float] = field(default_factory=dict)  # layout -> weighted matmul milliseconds per round
+    seconds: float = 0.0  # what the measurement took (0 when read from the cache or not measured)
+    source: str = "measured"  # measured | cached | requested | defaults | held
+    default: str | None = None  # the role's default layout, kept when no other was MARGIN faster
+
+    def describe(self, model: str) -> str:
+        """One line: what was chosen for what, and why."""
+        rows = "+".join(f"{w:g}x{r}" if w != 1 else str(r) for r, w in sorted(self.rows.items()))
+        head = f"{model} ({self.role}, rows {rows}): {self.layout}"
+        if not self.ms:
+            return f"{head} ({self.source})"
+        others = ", ".join(f"{name} {ms:.1f} ms" for name, ms in sorted(self.ms.items(), key=lambda kv: kv[1]))
+        how = f"measured in {self.seconds:.1f} s" if self.source == "measured" else self.source
+        why = "the fastest" if self.layout == min(self.ms, key=self.ms.get) else (
+            f"the default, none other {MARGIN:.0%} faster")
+        return (f"{head} ({why}) - matmuls per round: {others} ({how} on {cpu_model()}, "
+                f"{torch.get_num_threads()} threads)")
+
+
+def native_bf16() -> bool:
+    """The CPU multiplies bf16 in hardware (AVX512-BF16 or AMX); elsewhere bf16 is emulated and slow."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
+
+
+def candidate_layouts(role: str) -> tuple[str, ...]:
+    if role == "target":  # float32 only: anything else would change the output
+        return ("dense", "packed") if torch.backends.mkldnn.is_available() else ("dense",)
+    layouts = ["dense"]
+    if torch.backends.mkldnn.is_available():
+        layouts.append("packed")
+    if _int8_available():
+        layouts.append("int8")
+    if native_bf16():
+        layouts.append("bf16")
+    return tuple(layouts)
+
+
+def role_rows(role: str, num_speculative_tokens: int, batch_sizes: tuple[int, ...] = (1,)) -> dict[int, float]:
+    """The row counts a role's forwards run per round, for each batch size in use: a target decodes 1 row per
+    sequence alone and verifies k+1 when speculating; a draft proposes one row at a time, k times a round."""
+    k = num_speculative_tokens
+    if role == "target":
+        return {b * (k + 1): 1.0 for b in batch_sizes}
+    return {b: float(max(k, 1)) for b in batch_sizes}
+
+
+def default_layout(role: str, rows: dict[int, float]) -> str:
+    """weight_formats.py's fixed defaults: dense for a target decoding one row at a time, packed when it verifies."""
+    if role == "target" and max(rows) == 1:
+        return "dense"
+    return resolve_weight_format("auto", role, torch.device("cpu"), torch.float32)
+
+
+def choose_layout(loaded, requested: str, role: str, rows: dict[int, float], timer: Timer | None = None,
+                  cache_file: Path | None = None) -> LayoutChoice:
+    """The layout to use for `loaded` in `role`: `requested` if explicit, else measured (or read from the cache)."""
+    if requested != "auto":
+        return LayoutChoice(requested, role, rows, source="requested")
+    if loaded.weight_format != "dense":  # converted by its caller already: keep what it holds
+        return LayoutChoice(loaded.weight_format, role, rows, source="held")
+    param = next(loaded.model.parameters())
+    if param.device.type != "cpu" or param.dtype != torch.float32:
+        return LayoutChoice(resolve_weight_format("auto", role, param.device, param.dtype), role, rows, source="defaults")
+    candidates = candidate_layouts(role)
+    if os.environ.get(LAYOUTS_ENV, "calibrate") == "defaults" or len(candidates) == 1:
+        return LayoutChoice(default_layout(role, rows), role, rows, source="defaults")
+    cache_file = cache_file or default_cache_file()
+    key = cache_key(loaded, role, rows)
+    cached = None if os.environ.get(LAYOUTS_ENV) == "recalibrate" else read_cache(cache_file).get(key)
+    if cached is not None and cached.get("layout") in candidates:
+        choice = LayoutChoice(cached["layout"], role, rows, cached.get("ms", {}), 0.0, "cached")
+        log.info("layout %s", choice.describe(loaded.name))
+        return choice
+    started = time.perf_counter()
+    timer = timer or MatmulTimer(loaded.model)
+    ms = dict.fromkeys(candidates, 0.0)
+    for r, weight in rows.items():
+        for layout, seconds in timer(candidates, r).items():
+            ms[layout] += 1000 * weight * seconds
+    choice = LayoutChoice(pick(ms, default_layout(role, rows)), role, rows, ms, time.perf_counter() - started, "measured")
+    write_cache(cache_file, key, {"layout": choice.layout, "ms": ms, "seconds": choice.seconds, "model": loaded.name,
+                                  "role": role, "rows": {str(r): w for r, w in rows.items()}, **machine_key(),
+                                  "load_avg_1m": os.getloadavg()[0],
+                                  "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    log.warning("layout %s", choice.describe(loaded.name))
+    return choice
+
+
+def pick(ms: dict[str, float], default: str) -> str:
+    """The fastest layout, unless the default is within MARGIN of it."""
+    fastest = min(ms, key=ms.get)
+    if default in ms and ms[fastest] > (1 - MARGIN) * ms[default]:
+        return default
+    return fastest
+
+
+def use_calibrated_layout(loaded, requested: str, role: str, rows: dict[int, float], timer: Timer | None = None,
+                          cache_file: Path | None = None) -> LayoutChoice:
+    """Choose the layout (choose_layout) and convert `loaded` to it once."""
+    choice = choose_layout(loaded, requested, role, rows, timer, cache_file)
+    choice.layout = use_weight_format(loaded, choice.layout, role)
+    return choice
+
+
+class MatmulTimer:
+    """Times one forward's matmuls for every candidate layout at a row count: SAMPLED_LAYERS layers' linears (scaled
+    to all layers) and the output head, converted from the model's own weights. The layouts take turns, repetition
+    by repetition, so a load that comes and goes on a shared machine weighs on all of them alike."""
+
+    def __init__(self, model: nn.Module):
+        layers = model.model.layers
+        picks = sorted({round(i * (len(layers) - 1) / max(SAMPLED_LAYERS - 1, 1)) for i in range(SAMPLED_LAYERS)})
+        self.layer_linears = [m for i in picks for m in layers[i].modules() if isinstance(m, nn.Linear)]
+        self.layer_scale = len(layers) / len(picks)
+        self.head = model.lm_head if isinstance(model.lm_head, nn.Linear) else None
+        self._converted: dict[str, tuple[list, nn.Module | None]] = {}
+
+    def __call__(self, layouts: tuple[str, ...], rows: int) -> dict[str, float]:
+        converted = {layout: self._layout(layout) for layout in layouts}
+        inputs = [torch.randn(rows, m.in_features) for m in self.layer_linears]
+        head_input = torch.randn(rows, self.head.in_features) if self.head is not None else None
+
+        def once(layers, head) -> float:
+            start = time.perf_counter()
+            for m, x in zip(layers, inputs):
+                m(x)
+            middle = time.perf_counter()
+            if head is not None:
+                head(head_input)
+            return (middle - start) * self.layer_scale + (time.perf_counter() - middle)
+
+        samples = {layout: [] for layout in layouts}
+        with torch.no_grad():
+            for layers, head in converted.values():
+                once(layers, head)  # first call: one-time costs (oneDNN primitive creation, allocation)
+            started = time.perf_counter()
+            while True:
+                for layout, (layers, head) in converted.items():
+                    samples[layout].append(once(layers, head))
+                done = len(samples[layouts[0]])
+                if done >= MAX_REPEATS or (done >= MIN_REPEATS and time.perf_counter() - started > TIME_PER_MEASUREMENT_S * len(layouts)):
+                    break
+        # The fastest repetition: on a shared machine the others carry whatever else ran at that moment.
+        return {layout: min(times) for layout, times in samples.items()}
+
+    def _layout(self, layout: str):
+        if layout not in self._converted:
+            convert = LINEAR_LAYOUTS.get(layout, lambda linear: linear)  # dense: the model's own layers
+            with torch.no_grad(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch's deprecated quantized-tensor constructors (int8)
+                layers = [convert(m) for m in self.layer_linears]
+                head = convert(self.head) if self.head is not None else None
+            self._converted[layout] = (layers, head)
+        return self._converted[layout]
+
+
+def cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_key() -> dict:
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__}
+
+
+def model_fingerprint(loaded) -> str:
+    c = loaded.config
+    return f"{loaded.name}:{c.num_layers}x{c.hidden_size}x{c.intermediate_size}x{c.vocab_size}"
+
+
+def cache_key(loaded, role: str, rows: dict[int, float]) -> str:
+    m = machine_key()
+    rows_text = ",".join(f"{r}:{w:g}" for r, w in sorted(rows.items()))
+    return f"{m['cpu']}|{m['cores']} cores|{m['threads']} threads|torch {m['torch']}|{model_fingerprint(loaded)}|{role}|rows {rows_text}"
+
+
+def default_cache_file() -> Path:
+    from specsplit.services.models.prepare import models_root
+
+    return models_root() / CACHE_FILE
+
+
+def read_cache(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_cache(path: Path, key: str, entry: dict) -> None:
+    """Read-modify-write under a lock: a target and a draft starting together each add their own entry."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            entries = read_cache(path)
+            entries[key] = entry
+            scratch = path.with_suffix(f".{os.getpid()}.tmp")
+            scratch.write_text(json.dumps(entries, indent=1, sort_keys=True))
+            os.replace(scratch, path)
+    except OSError as error:  # a read-only cache measures again next start, nothing worse
+        log.warning("could not cache the layout choice in %s: %s", path, error)
+
+
+def cached_choices_for_this_machine(path: Path | None = None) -> list[dict]:
+    """The cached entries measured on this CPU with this torch (for `specsplit models list`)."""
+    m = machine_key()
+    entries = read_cache(path or default_cache_file()).values()
+    return [e for e in entries if e.get("cpu") == m["cpu"] and e.get("cores") == m["cores"] and e.get("torch") == m["torch"]]

@@ -1,0 +1,52 @@
+"""`serve` sets intra-op threads per process: all cores for the draft and the target (they take turns within a
+round), one for the coordinator; `--{target,draft,coordinator}-threads` override each. Real processes."""
+
+import subprocess
+
+import pytest
+
+from specsplit.services.runtime.cpu_threads import available_cores, threads_for
+from specsplit.services.service_commands import spawn_service
+
+
+def _serve_threads(tiny_pair, *flags) -> dict[str, int]:
+    """Start `serve` on the tiny pair, read what each of its processes says it set, stop it."""
+    argv = ["serve", "--target", str(tiny_pair["target"]), "--draft", str(tiny_pair["close"]), "--port", "0",
+            "--metrics-port", "-1", "--num-kv-blocks", "16", *flags]
+    serve, _ = spawn_service(argv, stderr=subprocess.PIPE)
+    serve.terminate()
+    _, stderr = serve.communicate(timeout=60)
+    said = {}
+    for line in stderr.splitlines():
+        if line.startswith("specsplit ") and line.endswith(" CPU threads"):
+            words = line.split()
+            said[words[1]] = int(words[3])
+    return said
+
+
+def test_serve_sets_each_processes_threads(tiny_pair):
+    """Defaults for the target (every core) and the coordinator (one); the draft's flag passed through. One serve
+    for both: each start of three processes costs tens of seconds on a loaded 2-core machine."""
+    said = _serve_threads(tiny_pair, "--draft-threads", "1")
+    assert said == {"target": available_cores(), "draft": 1, "coordinator": 1}
+
+
+def test_thread_defaults_and_bad_counts():
+    assert threads_for("coordinator") == 1 and threads_for("target") == available_cores()
+    assert threads_for("draft", 3) == 3
+    with pytest.raises(ValueError, match=">= 0"):
+        threads_for("target", -1)
+
+
+@pytest.mark.parametrize("given, expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_the_specsplit_command_makes_openmp_threads_wait_passively_unless_told(given, expected):
+    """Set before torch loads OpenMP (libgomp reads it once): checked in a fresh interpreter."""
+    import os
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    if given:
+        env["OMP_WAIT_POLICY"] = given
+    code = "import specsplit.cli, os, sys, torch; print(os.environ['OMP_WAIT_POLICY'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == expected

@@ -1,0 +1,195 @@
+"""Weight layouts chosen by measurement: the fastest candidate by timing, cached per machine and model, explicit
+requests and non-float32 models never timed, and the target never given a layout that changes its arithmetic."""
+
+import json
+
+import pytest
+import torch
+
+from specsplit.services.local_engine import LocalEngine
+from specsplit.services.models import commands, layout_calibration
+from specsplit.services.models.layout_calibration import (
+    LAYOUTS_ENV,
+    MatmulTimer,
+    candidate_layouts,
+    choose_layout,
+    read_cache,
+    role_rows,
+    use_calibrated_layout,
+)
+from specsplit.services.models.loader import load_model
+from specsplit.services.models.weight_formats import Bf16Linear, PackedLinear
+from tiny_models import build_model, save_model
+
+
+@pytest.fixture(scope="module")
+def float32_model(tmp_path_factory):
+    return save_model(build_model("qwen2", seed=5), tmp_path_factory.mktemp("calibration") / "model")
+
+
+@pytest.fixture(autouse=True)
+def calibrate(monkeypatch, tmp_path):
+    """Measure (conftest turns calibration off for every other test) into a cache of this test's own."""
+    monkeypatch.setenv(LAYOUTS_ENV, "calibrate")
+    monkeypatch.setenv("SPECSPLIT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(layout_calibration, "TIME_PER_MEASUREMENT_S", 0.01)  # tiny models: a few repetitions do
+
+
+class ScriptedTimer:
+    """Seconds per layout and row count as scripted; records every call."""
+
+    def __init__(self, seconds: dict[str, dict[int, float]]):
+        self.seconds, self.calls = seconds, []
+
+    def __call__(self, layouts, rows):
+        self.calls.append((tuple(layouts), rows))
+        return {layout: self.seconds[layout][rows] for layout in layouts}
+
+
+def test_the_fastest_candidate_for_the_roles_rows_wins(float32_model, tmp_path):
+    loaded = load_model(str(float32_model))
+    # dense wins at 1 row, packed at 5: a target-only target and a verifying one choose differently.
+    timer = ScriptedTimer({"dense": {1: 0.010, 5: 0.030}, "packed": {1: 0.012, 5: 0.014}})
+    alone = choose_layout(loaded, "auto", "target", role_rows("target", 0), timer, tmp_path / "a.json")
+    verifying = choose_layout(loaded, "auto", "target", role_rows("target", 4), timer, tmp_path / "a.json")
+    assert (alone.layout, verifying.layout) == ("dense", "packed")
+    assert timer.calls == [(("dense", "packed"), 1), (("dense", "packed"), 5)]
+    assert verifying.ms == pytest.approx({"dense": 30.0, "packed": 14.0})
+    assert "packed" in verifying.describe("m") and "dense 30.0 ms" in verifying.describe("m")
+
+
+def test_weights_of_row_counts_add_up(float32_model, tmp_path):
+    loaded = load_model(str(float32_model))
+    # Per round: 1 forward of 5 rows and 3 of 1 row. int8 is best at 1 row, packed at 5; weighted, packed wins.
+    timer = ScriptedTimer({"dense": {1: 0.010, 5: 0.030}, "packed": {1: 0.011, 5: 0.012},
+                           "int8": {1: 0.009, 5: 0.030}, "bf16": {1: 0.5, 5: 0.5}})
+    rows = {1: 3.0, 5: 1.0}
+    choice = choose_layout(loaded, "auto", "draft", rows, timer, tmp_path / "b.json")
+    assert choice.ms["int8"] == pytest.approx(1000 * (3 * 0.009 + 0.030))
+    assert choice.ms["packed"] == pytest.approx(1000 * (3 * 0.011 + 0.012))
+    assert choice.layout == "packed"
+
+
+@pytest.mark.parametrize("packed_seconds, chosen", [(0.0095, "dense"), (0.0085, "packed")])
+def test_the_default_stays_unless_another_layout_is_clearly_faster(float32_model, tmp_path, packed_seconds, chosen):
+    """A target decoding alone defaults to dense: packed 5% faster is within a busy machine's noise, 15% is not."""
+    loaded = load_model(str(float32_model))
+    timer = ScriptedTimer({"dense": {1: 0.010}, "packed": {1: packed_seconds}})
+    choice = choose_layout(loaded, "auto", "target", {1: 1.0}, timer, tmp_path / "m.json")
+    assert choice.layout == chosen
+    assert ("the default" in choice.describe("m")) == (chosen == "dense")
+
+
+def test_recalibrate_measures_again_and_replaces_the_cached_choice(float32_model, tmp_path, monkeypatch):
+    loaded = load_model(str(float32_model))
+    cache = tmp_path / "r.json"
+    choose_layout(loaded, "auto", "target", {1: 1.0}, ScriptedTimer({"dense": {1: 0.01}, "packed": {1: 0.05}}), cache)
+    monkeypatch.setenv(LAYOUTS_ENV, "recalibrate")
+    again = choose_layout(loaded, "auto", "target", {1: 1.0}, ScriptedTimer({"dense": {1: 0.05}, "packed": {1: 0.01}}), cache)
+    assert (again.layout, again.source) == ("packed", "measured")
+    assert [e["layout"] for e in read_cache(cache).values()] == ["packed"]
+
+
+def test_a_cache_hit_times_nothing_and_the_key_separates_roles_and_rows(float32_model, tmp_path):
+    loaded = load_model(str(float32_model))
+    cache = tmp_path / "layouts.json"
+    timer = ScriptedTimer({"dense": {1: 0.010, 5: 0.050}, "packed": {1: 0.020, 5: 0.010}})
+    first = choose_layout(loaded, "auto", "target", {1: 1.0}, timer, cache)
+    assert (first.layout, first.source, len(timer.calls)) == ("dense", "measured", 1)
+    entry = next(iter(read_cache(cache).values()))
+    assert entry["cpu"] == layout_calibration.cpu_model() and entry["torch"] == torch.__version__
+    assert entry["threads"] == torch.get_num_threads() and entry["layout"] == "dense"
+
+    def no_timing(layouts, rows):
+        raise AssertionError("a cached choice must not be measured again")
+
+    again = choose_layout(loaded, "auto", "target", {1: 1.0}, no_timing, cache)
+    assert (again.layout, again.source, again.ms) == ("dense", "cached", first.ms)
+    other_rows = choose_layout(loaded, "auto", "target", {5: 1.0}, timer, cache)  # a new key: measured
+    assert (other_rows.layout, other_rows.source) == ("packed", "measured")
+    assert len(read_cache(cache)) == 2
+
+
+def test_explicit_requests_and_non_float32_models_skip_calibration(float32_model, tmp_path, tiny_pair):
+    def no_timing(layouts, rows):
+        raise AssertionError("an explicit layout must not be measured")
+
+    loaded = load_model(str(float32_model))
+    choice = use_calibrated_layout(loaded, "dense", "target", {5: 1.0}, no_timing, tmp_path / "c.json")
+    assert (choice.layout, choice.source, loaded.weight_format) == ("dense", "requested", "dense")
+    packed = load_model(str(float32_model))
+    assert use_calibrated_layout(packed, "packed", "target", {1: 1.0}, no_timing, tmp_path / "c.json").layout == "packed"
+    float64 = load_model(str(tiny_pair["target"]), dtype="float64")
+    assert choose_layout(float64, "auto", "draft", {1: 4.0}, no_timing, tmp_path / "c.json").layout == "dense"
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_the_target_is_only_ever_offered_float32_layouts(float32_model, tmp_path, monkeypatch):
+    monkeypatch.setattr(layout_calibration, "native_bf16", lambda: True)  # as on a CPU with avx512_bf16
+    assert set(candidate_layouts("target")) == {"dense", "packed"}
+    assert "bf16" in candidate_layouts("draft") and "int8" in candidate_layouts("draft")
+    loaded = load_model(str(float32_model))
+    # bf16 and int8 would be "fastest" for the target too: never offered, never timed, never chosen.
+    timer = ScriptedTimer({"dense": {1: 0.5}, "packed": {1: 0.4}, "int8": {1: 0.001}, "bf16": {1: 0.001}})
+    choice = use_calibrated_layout(loaded, "auto", "target", {1: 1.0}, timer, tmp_path / "d.json")
+    assert choice.layout == "packed" and set(choice.ms) == {"dense", "packed"}
+    assert all(p.dtype == torch.float32 for p in loaded.model.buffers() if p.is_floating_point())
+    draft = load_model(str(float32_model))
+    assert use_calibrated_layout(draft, "auto", "draft", {1: 4.0}, timer, tmp_path / "d.json").layout in ("int8", "bf16")
+
+
+def test_a_real_calibration_times_every_candidate_and_converts_the_model(float32_model):
+    """No injected timer: real timing of a tiny model's layers, cached in SPECSPLIT_CACHE, converted to the winner."""
+    loaded = load_model(str(float32_model))
+    choice = use_calibrated_layout(loaded, "auto", "draft", role_rows("draft", 4))
+    assert set(choice.ms) == set(candidate_layouts("draft")) and all(ms > 0 for ms in choice.ms.values())
+    assert choice.layout == loaded.weight_format
+    assert choice.layout == layout_calibration.pick(choice.ms, layout_calibration.default_layout("draft", choice.rows))
+    assert choice.seconds < 5
+    entries = read_cache(layout_calibration.default_cache_file())
+    assert [e["layout"] for e in entries.values()] == [choice.layout]
+
+
+def test_the_matmul_timer_times_converted_copies_and_leaves_the_model_dense(float32_model):
+    loaded = load_model(str(float32_model))
+    timer = MatmulTimer(loaded.model)
+    seconds = timer(("dense", "packed", "bf16"), 3)
+    assert set(seconds) == {"dense", "packed", "bf16"} and all(s > 0 for s in seconds.values())
+    assert isinstance(timer._converted["packed"][1], PackedLinear) and isinstance(timer._converted["bf16"][1], Bf16Linear)
+    assert all(isinstance(m, torch.nn.Linear) for m in timer.layer_linears) and loaded.weight_format == "dense"
+    assert not any(isinstance(m, (PackedLinear, Bf16Linear)) for m in loaded.model.modules())
+
+
+def test_the_engine_reports_its_choices_and_models_list_shows_them(float32_model, monkeypatch, capsys):
+    engine = LocalEngine(str(float32_model), str(float32_model), num_speculative_tokens=3)
+    assert engine.layouts["target"].rows == {4: 1.0} and engine.layouts["draft"].rows == {1: 3.0}
+    assert engine.layouts["target"].layout in ("dense", "packed")
+    assert engine.target.weight_format == engine.layouts["target"].layout
+    assert commands.main(["list"]) == 0
+    out = capsys.readouterr().out
+    listed = [line for line in out.splitlines() if line.startswith("  model ")]
+    assert len(listed) == 2, out
+    assert any(f"target (rows 4, " in line and f": {engine.layouts['target'].layout}  [" in line for line in listed)
+    assert any("draft (rows 3x1, " in line and f": {engine.layouts['draft'].layout}  [" in line for line in listed)
+
+
+def test_bf16_draft_is_close_to_its_dense_self_and_refused_for_a_target(float32_model):
+    from specsplit.services.errors import InvalidArgument
+    from specsplit.services.models.weight_formats import use_weight_format
+
+    linear = build_model("qwen2", seed=5).model.layers[0].mlp.down_proj.float()
+    x = torch.randn(4, linear.in_features)
+    dense, bf16 = linear(x), Bf16Linear(linear)(x)
+    assert bf16.dtype == torch.float32 and not torch.equal(bf16, dense)
+    assert (bf16 - dense).norm() / dense.norm() < 0.02
+    with pytest.raises(InvalidArgument, match="drafts only"):
+        use_weight_format(load_model(str(float32_model)), "bf16", "target")
+
+
+def test_a_cache_for_another_machine_is_not_listed(tmp_path, capsys):
+    cache = layout_calibration.default_cache_file()
+    cache.parent.mkdir(parents=True)
+    cache.write_text(json.dumps({"k": {"cpu": "Some Other CPU", "cores": 2, "torch": torch.__version__,
+                                       "layout": "packed", "model": "x", "role": "target", "rows": {"1": 1.0}}}))
+    assert commands.main(["list"]) == 0
+    assert "none measured yet" in capsys.readouterr().out
