@@ -34,7 +34,8 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
                        help="on a GPU, capture the CUDA graphs of rounds with up to K proposals before listening "
                        "(a few seconds; 0 = capture each shape when it first comes up)")
         p.add_argument("--tensor-parallel-size", type=int, default=1,
-                       help="GPUs to shard the model over (only 1 is available in this version)")
+                       help="shard the model over this many GPUs, one process each (this one serves as rank 0); "
+                       "on the CPU, processes joined by gloo. Must divide the model's attention heads")
         add_server_tls_args(p)
         add_metrics_port_arg(p)
         add_model_args(p)
@@ -82,6 +83,7 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
     add_sampling_args(s)
     add_model_args(s)
     add_weight_format_args(s)
+    add_tensor_parallel_args(s)
     add_speculation_arg(s)
     add_acceptance_args(s)
     add_logprobs_switch_arg(s)
@@ -102,6 +104,14 @@ def add_weight_format_args(p) -> None:
                    help="the target's weight format (auto: packed for float32 on the CPU with a draft, else dense)")
     p.add_argument("--draft-weights", default="auto", choices=WEIGHT_FORMATS,
                    help="the draft's weight format (auto: int8 for float32 on the CPU, else dense)")
+
+
+def add_tensor_parallel_args(p) -> None:
+    """For commands that run both models (serve, generate --local): each side's tensor-parallel degree."""
+    p.add_argument("--target-tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="shard the target over N GPUs (processes; gloo on the CPU)")
+    p.add_argument("--draft-tensor-parallel-size", type=int, default=1, metavar="M",
+                   help="shard the draft over M GPUs (usually 1: a small draft gains little from sharding)")
 
 
 def add_logprobs_switch_arg(p) -> None:
@@ -131,10 +141,9 @@ def parse_draft_variants(args) -> list[tuple[str, float, list[str]]]:
 def _run_worker(args) -> int:
     from specsplit.services.rpc.worker_process import serve_worker
 
-    if args.tensor_parallel_size != 1:
-        raise SystemExit("specsplit: error: tensor parallelism (--tensor-parallel-size > 1) is not available in this version")
     options = dict(dtype=args.dtype, device=args.device, num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
-                   weight_format=args.weights, prefix_caching=args.prefix_caching, warm_up_k=args.warm_up_k)
+                   weight_format=args.weights, prefix_caching=args.prefix_caching, warm_up_k=args.warm_up_k,
+                   tensor_parallel_size=args.tensor_parallel_size)
     if args.role == "draft":
         options["draft_support"] = args.draft_support
     else:
@@ -200,7 +209,8 @@ def _run_serve(args) -> int:
         target_weights = target_weight_request(args.target_weights, speculative=bool(args.draft))
         target, target_addr = spawn_service(["target", "--model", args.target, "--host", "127.0.0.1", "--port", "0",
                                              "--weights", target_weights, *model_flags, *worker_metrics,
-                                             *acceptance_argv(args)])
+                                             *acceptance_argv(args),
+                                             "--tensor-parallel-size", str(args.target_tensor_parallel_size)])
         processes.append(target)
         coordinator_argv = ["coordinator", "--target", target_addr, "--host", args.host, "--port", str(args.port),
                             "-k", str(k if args.draft else 0), "--metrics-port", str(args.metrics_port),
@@ -209,7 +219,8 @@ def _run_serve(args) -> int:
             coordinator_argv.append("--no-logprobs-while-speculating")
         if args.draft:
             draft, draft_addr = spawn_service(["draft", "--model", args.draft, "--host", "127.0.0.1", "--port", "0",
-                                               "--weights", args.draft_weights, *model_flags, *worker_metrics])
+                                               "--weights", args.draft_weights, *model_flags, *worker_metrics,
+                                               "--tensor-parallel-size", str(args.draft_tensor_parallel_size)])
             processes.append(draft)
             coordinator_argv += ["--draft", draft_addr]
         coordinator, address = spawn_service(coordinator_argv)
