@@ -63,6 +63,7 @@ class TensorParallelGroup:
         host, port = store_address
         self.store = store or dist.TCPStore(host, port, world_size, False, timeout=datetime.timedelta(seconds=120))
         if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # NCCL binds its communicator to the current device
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = COLLECTIVE_TIMEOUT
             self.model_group = dist.ProcessGroupNCCL(dist.PrefixStore("model", self.store), rank, world_size, options)
