@@ -50,28 +50,12 @@ def sharded(tiny_pair):
         a = c.addresses
         coordinator = ["--host", "127.0.0.1", "--port", "0", "-k", "4", "--speculation", "fixed", "--metrics-port", "-1"]
         c.start({
-            "only_tp": ["coordinator", "--target", a["target_tp"], "--draft", a["draft"], *coordinator],
-            "two_targets": ["coordinator", "--target", f"{a['target_tp']},{a['target_b']}", "--draft", a["draft"],
+            "coordinator": ["coordinator", "--target", f"{a['target_tp']},{a['target_b']}", "--draft", a["draft"],
                             "--replica-recovery-seconds", "30", *coordinator],
         })
         yield c
     finally:
         c.stop()
-
-
-def rank_pids(process) -> list[int]:
-    return [int(line.rsplit(" ", 1)[-1]) for line in process.startup_lines if " tensor-parallel rank " in line]
-
-
-def test_sharded_target_worker_gives_degree_one_output(sharded, reference):
-    greedy, sampled = reference
-    with Client(sharded.addresses["only_tp"], timeout=120) as client:
-        assert [client.generate(p, max_tokens=MAX_TOKENS, ignore_eos=True).token_ids for p in PROMPTS] == greedy
-        assert [client.generate(p, max_tokens=24, ignore_eos=True, temperature=0.9, seed=7).token_ids
-                for p in PROMPTS] == sampled
-    assert len(rank_pids(sharded.processes["target_tp"])) == 1
-    infos = sharded.wait_kv_free(["target_tp", "draft"])
-    assert all(i.kv_blocks_used == 0 for i in infos.values())
 
 
 def test_serve_with_a_sharded_target(tiny_pair, reference):
@@ -84,6 +68,25 @@ def test_serve_with_a_sharded_target(tiny_pair, reference):
     assert json.loads(out.stdout.strip().splitlines()[-1])["token_ids"] == greedy[0][:40]
 
 
+def rank_pids(process) -> list[int]:
+    return [int(line.rsplit(" ", 1)[-1]) for line in process.startup_lines if " tensor-parallel rank " in line]
+
+
+def test_sharded_target_worker_gives_degree_one_output(sharded, reference):
+    """The coordinator spreads sequences over the sharded replica and the degree-1 one: every output equals the
+    degree-1 reference, and the sharded replica served its share."""
+    greedy, sampled = reference
+    before = sharded.worker_info("target_tp").sequences_prefilled
+    with Client(sharded.addresses["coordinator"], timeout=120) as client:
+        assert [client.generate(p, max_tokens=MAX_TOKENS, ignore_eos=True).token_ids for p in PROMPTS] == greedy
+        assert [client.generate(p, max_tokens=24, ignore_eos=True, temperature=0.9, seed=7).token_ids
+                for p in PROMPTS] == sampled
+    assert sharded.worker_info("target_tp").sequences_prefilled - before >= len(PROMPTS) // 2
+    assert len(rank_pids(sharded.processes["target_tp"])) == 1
+    infos = sharded.wait_kv_free(["target_tp", "target_b", "draft"])
+    assert all(i.kv_blocks_used == 0 for i in infos.values())
+
+
 def test_killing_rank_one_fails_over_to_the_other_replica(sharded, reference):
     greedy, _ = reference
     target = sharded.processes["target_tp"]
@@ -93,7 +96,7 @@ def test_killing_rank_one_fails_over_to_the_other_replica(sharded, reference):
 
     def stream(i):
         tokens = []
-        with Client(sharded.addresses["two_targets"], timeout=180) as client:
+        with Client(sharded.addresses["coordinator"], timeout=180) as client:
             for n, chunk in enumerate(client.generate_stream(PROMPTS[i], max_tokens=MAX_TOKENS, ignore_eos=True)):
                 tokens.extend(chunk.token_ids)
                 if n == 0:
