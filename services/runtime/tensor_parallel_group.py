@@ -22,6 +22,8 @@ from specsplit.services.errors import InvalidArgument
 
 # Model collectives that take longer than this mean a rank is gone (or stuck): fail rather than hang.
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("SPECSPLIT_TP_TIMEOUT_SECONDS", "120")))
+# A step's command (its packed inputs and shape) usually fits one frame: one broadcast per operation.
+COMMAND_FRAME_BYTES = 4096
 # Followers wait for rank 0's next command as long as the replica is idle.
 IDLE_TIMEOUT = datetime.timedelta(days=365)
 
@@ -93,19 +95,30 @@ class TensorParallelGroup:
     # -- the command channel ----------------------------------------------------------------------------------------
 
     def send_command(self, command: tuple) -> None:
-        """Rank 0: every other rank will run `command` (metadata only) next."""
-        payload = torch.frombuffer(bytearray(pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
-        size = torch.tensor([payload.numel()], dtype=torch.int64)
-        self.command_group.broadcast([size], dist.BroadcastOptions()).wait()
-        self.command_group.broadcast([payload], dist.BroadcastOptions()).wait()
+        """Rank 0: every other rank will run `command` (metadata only) next. One broadcast of a fixed-size frame
+        (its first 8 bytes the payload's length); a payload larger than the frame sends its rest in a second one."""
+        payload = pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL)
+        frame = torch.zeros(COMMAND_FRAME_BYTES, dtype=torch.uint8)
+        frame[:8] = torch.frombuffer(bytearray(len(payload).to_bytes(8, "little")), dtype=torch.uint8)
+        head = payload[: COMMAND_FRAME_BYTES - 8]
+        frame[8 : 8 + len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
+        self.command_group.broadcast([frame], dist.BroadcastOptions()).wait()
+        if len(payload) > len(head):
+            rest = torch.frombuffer(bytearray(payload[len(head):]), dtype=torch.uint8)
+            self.command_group.broadcast([rest], dist.BroadcastOptions()).wait()
 
     def receive_command(self) -> tuple:
         """Ranks > 0: block until rank 0 sends the next command."""
-        size = torch.zeros(1, dtype=torch.int64)
-        self.command_group.broadcast([size], dist.BroadcastOptions()).wait()
-        payload = torch.empty(int(size.item()), dtype=torch.uint8)
-        self.command_group.broadcast([payload], dist.BroadcastOptions()).wait()
-        return pickle.loads(payload.numpy().tobytes())
+        frame = torch.empty(COMMAND_FRAME_BYTES, dtype=torch.uint8)
+        self.command_group.broadcast([frame], dist.BroadcastOptions()).wait()
+        raw = frame.numpy().tobytes()
+        size = int.from_bytes(raw[:8], "little")
+        payload = raw[8 : 8 + size]
+        if size > len(payload):
+            rest = torch.empty(size - len(payload), dtype=torch.uint8)
+            self.command_group.broadcast([rest], dist.BroadcastOptions()).wait()
+            payload += rest.numpy().tobytes()
+        return pickle.loads(payload)
 
 
 def _gloo_group(store, rank: int, world_size: int, timeout: datetime.timedelta) -> dist.ProcessGroupGloo:
