@@ -25,11 +25,14 @@ MAX_TOKENS = 120
 
 @pytest.fixture(scope="module")
 def reference(tiny_pair):
-    """Degree 1, in-process: greedy outputs and one seeded sampled output per prompt."""
-    engine = LocalEngine(tiny_pair["target"], None, num_speculative_tokens=0, dtype="float64")
+    """Degree 1, in-process: greedy outputs (target alone) and one seeded sampled output per prompt, speculating
+    with the same draft and k as the services (a seed fixes the tokens for a given draft and k)."""
+    engine = LocalEngine(tiny_pair["target"], tiny_pair["close"], num_speculative_tokens=4, dtype="float64",
+                         speculation="fixed")
 
     async def main():
-        greedy = [await engine.generate(p, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)) for p in PROMPTS]
+        greedy = [await engine.generate(p, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True,
+                                                          num_speculative_tokens=0)) for p in PROMPTS]
         sampled = [await engine.generate(p, SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.9, seed=7))
                    for p in PROMPTS]
         return [r.token_ids for r in greedy], [r.token_ids for r in sampled]
