@@ -126,7 +126,7 @@ def coordinator_command(instance: str, spec: DeploymentSpec) -> list[str]:
 def worker_command(role: str, model: str, tensor_parallel_size: int, tls: InternalTLS | None = None) -> list[str]:
     command = ["specsplit", role, "--model", model,
                "--port", str(naming.GRPC_PORT), "--metrics-port", str(naming.METRICS_PORT)]
-    if role == naming.TARGET and tensor_parallel_size > 1:
+    if tensor_parallel_size > 1:  # one process per GPU of the pod; this one serves as rank 0
         command += ["--tensor-parallel-size", str(tensor_parallel_size)]
     return command + grpc_security.worker_args(tls)
 

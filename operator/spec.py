@@ -331,8 +331,6 @@ def _role(fields: _Fields, role: str, metrics: tuple[str, ...], default_targets:
     if fewest > most:
         fields.errors.append(f"{fields.path}.replicas: min ({fewest}) must not exceed max ({most})")
     tp = fields.integer("tensorParallelSize", 1, low=1, high=16)
-    if role == "draft" and tp != 1:
-        fields.errors.append(f"{fields.path}.tensorParallelSize: the draft service runs on one device; must be 1")
     resources = _resources(fields.child("resources"), default_gpus=tp)
     if resources.gpus == 0 and tp > 1:
         fields.errors.append(f"{fields.path}.resources.gpus: tensor parallelism needs one GPU per shard; "
@@ -416,6 +414,9 @@ def parse_spec(raw: Mapping[str, Any] | None, name: str | None = None) -> Deploy
     k = top.integer("numSpeculativeTokens", DEFAULT_K, low=0, high=16)
     target = _role(top.child("target"), "target", TARGET_METRICS, DEFAULT_TARGET_METRICS)
     draft = _role(top.child("draft"), "draft", DRAFT_METRICS, DEFAULT_DRAFT_METRICS)
+    if draft.tensor_parallel_size > target.tensor_parallel_size:
+        errors.append(f"spec.draft.tensorParallelSize: the draft ({draft.tensor_parallel_size}) must not be sharded "
+                      f"over more GPUs than the target ({target.tensor_parallel_size})")
 
     coordinator_fields = top.child("coordinator")
     coordinator_fields.only("replicas", "resources", "port", "tls", "auth")

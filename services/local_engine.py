@@ -11,6 +11,7 @@ from specsplit.services.draft.proposer import DraftProposer
 from specsplit.services.errors import InvalidArgument
 from specsplit.services.models.loader import LoadedModel, load_model
 from specsplit.services.models.layout_calibration import role_rows, use_calibrated_layout
+from specsplit.services.models.weight_formats import target_weight_request
 from specsplit.services.runtime.model_runner import ModelRunner
 from specsplit.services.sampling_params import SamplingParams
 from specsplit.services.target.acceptance_method import AcceptancePolicy
@@ -49,6 +50,8 @@ class LocalEngine:
         warm_up: bool = True,
         acceptance: AcceptancePolicy | None = None,
         overlap: str | None = None,
+        target_tensor_parallel_size: int = 1,
+        draft_tensor_parallel_size: int = 1,
     ):
         """`synthetic_acceptance`: BENCHMARK ONLY, not lossless (services/target/synthetic_acceptance.py).
         `target_weights` / `draft_weights`: how each model's linear layers hold weights (models/weight_formats.py);
@@ -59,27 +62,45 @@ class LocalEngine:
         (a few seconds) instead of when each shape first comes up.
         `acceptance`: the target's acceptance method; None = lossless rejection sampling (typical is NOT lossless).
         `overlap`: overlapped rounds ("auto", "on", "off"; None = the config's, "auto" by default). In one process the
-        two models' calls run one after the other, so "auto" never overlaps; "on" runs the pipelined logic anyway."""
+        two models' calls run one after the other, so "auto" never overlaps; "on" runs the pipelined logic anyway.
+        `target_tensor_parallel_size` / `draft_tensor_parallel_size`: shard a model (given by name or folder) over
+        that many ranks, this process being rank 0 (runtime/tensor_parallel_launch.py); gloo on the CPU. A sharded
+        model keeps the fixed default layouts (no calibration)."""
         if num_speculative_tokens < 0:
             raise InvalidArgument(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
-        self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype, device)
+        speculative = draft is not None and num_speculative_tokens > 0
+        runner_options = dict(num_blocks=num_kv_blocks, block_size=block_size, prefix_caching=prefix_caching)
+        self.sharded_runners = []
+        target_format = target_weight_request(target_weights, speculative)
+        if target_tensor_parallel_size > 1:
+            self.target_runner = self._sharded(target, target_tensor_parallel_size, "target", dtype, device,
+                                               target_format, runner_options)
+            self.target = self.target_runner.loaded
+        else:
+            self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype, device)
         self.draft = None
-        if draft is not None and num_speculative_tokens > 0:
-            self.draft = draft if isinstance(draft, LoadedModel) else load_model(draft, dtype, device)
+        if speculative:
+            if draft_tensor_parallel_size > 1:
+                self.draft_runner = self._sharded(draft, draft_tensor_parallel_size, "draft", dtype, device,
+                                                  draft_weights, runner_options)
+                self.draft = self.draft_runner.loaded
+            else:
+                self.draft = draft if isinstance(draft, LoadedModel) else load_model(draft, dtype, device)
             check_compatible(self.target, self.draft)
         k = num_speculative_tokens if self.draft is not None else 0
-        self.layouts = {"target": use_calibrated_layout(self.target, target_weights, "target", role_rows("target", k))}
-        if self.draft is not None:
+        self.layouts = {}
+        if target_tensor_parallel_size <= 1:
+            self.layouts["target"] = use_calibrated_layout(self.target, target_weights, "target", role_rows("target", k))
+            self.target_runner = ModelRunner(self.target, **runner_options)
+        if self.draft is not None and draft_tensor_parallel_size <= 1:
             self.layouts["draft"] = use_calibrated_layout(self.draft, draft_weights, "draft", role_rows("draft", k))
-        self.target_runner = ModelRunner(self.target, num_blocks=num_kv_blocks, block_size=block_size,
-                                         prefix_caching=prefix_caching)
         self.verifier = TargetVerifier(self.target_runner, synthetic_acceptance=synthetic_acceptance, acceptance=acceptance)
         targets = ReplicaPool("target", [LocalTargetClient(self.verifier)])
         drafts = []
         self.proposer = None
         if self.draft is not None:
-            self.draft_runner = ModelRunner(self.draft, num_blocks=num_kv_blocks, block_size=block_size,
-                                            prefix_caching=prefix_caching)
+            if draft_tensor_parallel_size <= 1:
+                self.draft_runner = ModelRunner(self.draft, **runner_options)
             self.proposer = DraftProposer(self.draft_runner, support_size=draft_support)
             drafts = [ReplicaPool("default", [LocalDraftClient(self.proposer)])]
         if warm_up:
@@ -109,5 +130,17 @@ class LocalEngine:
             used["draft"] = self.draft_runner.block_manager.num_used_blocks
         return used
 
+    def _sharded(self, model, degree: int, role: str, dtype, device, weight_format: str, runner_options: dict):
+        from specsplit.services.runtime.tensor_parallel_launch import start_tensor_parallel_runner
+
+        if isinstance(model, LoadedModel):
+            raise InvalidArgument(f"a tensor-parallel {role} is loaded shard by shard: give its name or folder")
+        runner = start_tensor_parallel_runner(model, degree, role, dtype, device, weight_format, **runner_options)
+        self.sharded_runners.append(runner)
+        return runner
+
     async def close(self) -> None:
         await self.coordinator.close()
+        for runner in self.sharded_runners:  # stop the other ranks of sharded models
+            runner.close()
+        self.sharded_runners = []

@@ -40,7 +40,8 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
                        help="on a GPU, capture the CUDA graphs of rounds with up to K proposals before listening "
                        "(a few seconds; 0 = capture each shape when it first comes up)")
         p.add_argument("--tensor-parallel-size", type=int, default=1,
-                       help="GPUs to shard the model over (only 1 is available in this version)")
+                       help="shard the model over this many GPUs, one process each (this one serves as rank 0); "
+                       "on the CPU, processes joined by gloo. Must divide the model's attention heads")
         add_server_tls_args(p)
         add_metrics_port_arg(p)
         add_model_args(p)
@@ -89,6 +90,7 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
     add_sampling_args(s)
     add_model_args(s)
     add_weight_format_args(s)
+    add_tensor_parallel_args(s)
     add_speculation_arg(s)
     add_acceptance_args(s)
     add_logprobs_switch_arg(s)
@@ -126,6 +128,14 @@ def add_weight_format_args(p) -> None:
                    "has it, measured once and cached)")
 
 
+def add_tensor_parallel_args(p) -> None:
+    """For commands that run both models (serve, generate --local): each side's tensor-parallel degree."""
+    p.add_argument("--target-tensor-parallel-size", type=int, default=1, metavar="N",
+                   help="shard the target over N GPUs (processes; gloo on the CPU)")
+    p.add_argument("--draft-tensor-parallel-size", type=int, default=1, metavar="M",
+                   help="shard the draft over M GPUs (usually 1: a small draft gains little from sharding)")
+
+
 def add_logprobs_switch_arg(p) -> None:
     """For commands that run a coordinator (coordinator, serve, generate --local)."""
     p.add_argument("--no-logprobs-while-speculating", dest="logprobs_while_speculating", action="store_false",
@@ -153,12 +163,10 @@ def parse_draft_variants(args) -> list[tuple[str, float, list[str]]]:
 def _run_worker(args) -> int:
     from specsplit.services.rpc.worker_process import serve_worker
 
-    if args.tensor_parallel_size != 1:
-        raise SystemExit("specsplit: error: tensor parallelism (--tensor-parallel-size > 1) is not available in this version")
     print(f"specsplit {args.role} uses {apply_threads(args.role, args.threads)} CPU threads", flush=True)
     options = dict(dtype=args.dtype, device=args.device, num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
                    weight_format=args.weights, prefix_caching=args.prefix_caching, warm_up_k=args.warm_up_k,
-                   layout_k=args.layout_k)
+                   layout_k=args.layout_k, tensor_parallel_size=args.tensor_parallel_size)
     if args.role == "draft":
         options["draft_support"] = args.draft_support
     else:
@@ -227,7 +235,8 @@ def _run_serve(args) -> int:
         target, target_addr = spawn_service(["target", "--model", args.target, "--host", "127.0.0.1", "--port", "0",
                                              "--weights", args.target_weights, "--layout-k", str(k if args.draft else 0),
                                              "--threads", str(args.target_threads), *model_flags, *worker_metrics,
-                                             *acceptance_argv(args)])
+                                             *acceptance_argv(args),
+                                             "--tensor-parallel-size", str(args.target_tensor_parallel_size)])
         processes.append(target)
         coordinator_argv = ["coordinator", "--target", target_addr, "--host", args.host, "--port", str(args.port),
                             "-k", str(k if args.draft else 0), "--metrics-port", str(args.metrics_port),
@@ -238,7 +247,8 @@ def _run_serve(args) -> int:
         if args.draft:
             draft, draft_addr = spawn_service(["draft", "--model", args.draft, "--host", "127.0.0.1", "--port", "0",
                                                "--weights", args.draft_weights, "--layout-k", str(k),
-                                               "--threads", str(args.draft_threads), *model_flags, *worker_metrics])
+                                               "--threads", str(args.draft_threads), *model_flags, *worker_metrics,
+                                               "--tensor-parallel-size", str(args.draft_tensor_parallel_size)])
             processes.append(draft)
             coordinator_argv += ["--draft", draft_addr]
         coordinator, address = spawn_service(coordinator_argv)

@@ -105,6 +105,8 @@ async def _generate_local(args) -> int:
         args.target, args.draft, num_speculative_tokens=k, dtype=args.dtype, device=args.device,
         num_kv_blocks=args.num_kv_blocks, block_size=args.block_size, prefix_caching=args.prefix_caching,
         target_weights=args.target_weights, draft_weights=args.draft_weights,
+        target_tensor_parallel_size=args.target_tensor_parallel_size,
+        draft_tensor_parallel_size=args.draft_tensor_parallel_size,
         acceptance=acceptance_policy_from_args(args),
         coordinator_config=CoordinatorConfig(speculation=args.speculation, overlap=args.overlap,
                                              logprobs_while_speculating=args.logprobs_while_speculating),
@@ -160,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     from specsplit.services.target.acceptance_flags import add_acceptance_args
 
     add_weight_format_args(gen)
+    from specsplit.services.service_commands import add_tensor_parallel_args
+
+    add_tensor_parallel_args(gen)
     add_acceptance_args(gen, deployment=False)
     add_logprobs_switch_arg(gen)
     add_speculation_arg(gen)

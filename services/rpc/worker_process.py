@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 
@@ -16,11 +17,26 @@ log = logging.getLogger(__name__)
 
 def build_worker_service(role: str, model: str, dtype="float32", device="cpu", num_kv_blocks=None, block_size=16, draft_support=32,
                          synthetic_acceptance=None, weight_format="auto", prefix_caching=True, warm_up_k=4, acceptance=None,
-                         layout_k=4):
-    """`layout_k`: the proposals per round that an "auto" layout is measured for (0: a target decoding alone)."""
-    loaded = load_model(model, dtype, device)
-    use_calibrated_layout(loaded, weight_format, role, role_rows(role, layout_k))
-    runner = ModelRunner(loaded, num_blocks=num_kv_blocks, block_size=block_size, prefix_caching=prefix_caching)
+                         layout_k=4, tensor_parallel_size=1):
+    """`layout_k`: the proposals per round that an "auto" layout is measured for (0: a target decoding alone).
+    `tensor_parallel_size` > 1: this process is rank 0 and serves; the other ranks are its children (a sharded model
+    keeps the fixed default layouts)."""
+    if tensor_parallel_size > 1:
+        from specsplit.services.models.weight_formats import target_weight_request
+        from specsplit.services.runtime.tensor_parallel_launch import start_tensor_parallel_runner
+
+        if role == "target":
+            weight_format = target_weight_request(weight_format, speculative=layout_k > 0)
+        runner = start_tensor_parallel_runner(model, tensor_parallel_size, role, dtype, device, weight_format,
+                                              on_rank_lost=_replica_down, num_blocks=num_kv_blocks,
+                                              block_size=block_size, prefix_caching=prefix_caching)
+        loaded = runner.loaded
+        for rank, pid in enumerate(runner.followers.pids, start=1):
+            print(f"specsplit {role} tensor-parallel rank {rank} pid {pid}", flush=True)
+    else:
+        loaded = load_model(model, dtype, device)
+        use_calibrated_layout(loaded, weight_format, role, role_rows(role, layout_k))
+        runner = ModelRunner(loaded, num_blocks=num_kv_blocks, block_size=block_size, prefix_caching=prefix_caching)
     if role == "draft":
         from specsplit.services.draft.proposer import DraftProposer
         from specsplit.services.draft.server import DraftService
@@ -36,6 +52,17 @@ def build_worker_service(role: str, model: str, dtype="float32", device="cpu", n
     verifier = TargetVerifier(runner, synthetic_acceptance=synthetic_acceptance, acceptance=acceptance)
     _warm_up(verifier, warm_up_k)
     return TargetService(verifier, loaded.name), "specsplit.v1.TargetWorker"
+
+
+def _replica_down(reason: str) -> None:
+    """A rank of this tensor-parallel replica is gone (the others are already stopped): the replica cannot serve, so
+    the process exits at once and its coordinators fail over as for any lost replica."""
+    log.error("tensor-parallel rank lost (%s): this replica stops", reason)
+    sys.stderr.flush()
+    os._exit(REPLICA_DOWN_EXIT_CODE)
+
+
+REPLICA_DOWN_EXIT_CODE = 75  # EX_TEMPFAIL: a restart (by the pod's controller) can bring the replica back
 
 
 def _warm_up(worker, max_k: int) -> None:
@@ -74,3 +101,6 @@ async def serve_worker(role: str, model: str, host: str, port: int, lease_second
     await server.stop(grace=2.0)
     service.batcher.stop()
     observability.close()
+    worker = getattr(service, "verifier", None) or getattr(service, "proposer", None)
+    if hasattr(worker.runner, "close"):  # a tensor-parallel replica: stop the other ranks
+        worker.runner.close()

@@ -24,6 +24,9 @@ class DeviceBlockTables:
         self.scratch_block = scratch_block
         self.device = torch.device(device)
         self.on_grow = on_grow  # called after the tensor is replaced (captured graphs held the old one)
+        # Called with ("write", rows, cols, ids) / ("grow", rows) before this mirror changes outside a step program:
+        # the other ranks of a tensor-parallel replica make the same change (runtime/tensor_parallel_runner.py).
+        self.on_change = None
         self._allocate(rows)
         self._free_rows: list[int] = list(range(rows, 0, -1))
 
@@ -72,20 +75,32 @@ class DeviceBlockTables:
         return self.tables[rows, :width]
 
     def _write(self, rows: list, cols: list, ids: list) -> None:
-        update = torch.from_numpy(np.stack([np.concatenate(rows), np.concatenate(cols), np.concatenate(ids)]))
-        update = update.to(self.device)
+        self.write(np.stack([np.concatenate(rows), np.concatenate(cols), np.concatenate(ids)]))
+
+    def write(self, update: np.ndarray) -> None:
+        """Write entries [3, n] (rows, columns, block ids) now."""
+        if self.on_change is not None:
+            self.on_change(("write", update))
+        update = torch.from_numpy(update).to(self.device)
         self.tables[update[0], update[1]] = update[2].to(torch.int32)
 
     def _take_row(self) -> int:
         if not self._free_rows:
-            old = self.tables
-            count = old.shape[0]
-            self._allocate(2 * count)
-            self.tables[:count] = old
+            count = self.tables.shape[0]
+            self.grow()
             self._free_rows = list(range(2 * count, count - 1, -1))
-            if self.on_grow is not None:
-                self.on_grow()
         return self._free_rows.pop()
+
+    def grow(self) -> None:
+        """Twice the rows (the old ones kept)."""
+        if self.on_change is not None:
+            self.on_change(("grow",))
+        old = self.tables
+        count = old.shape[0]
+        self._allocate(2 * count)
+        self.tables[:count] = old
+        if self.on_grow is not None:
+            self.on_grow()
 
     def _allocate(self, rows: int) -> None:
         """`rows` sequences plus the padding row 0."""

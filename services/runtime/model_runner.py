@@ -54,6 +54,9 @@ class ModelRunner:
         device with the Triton kernels unless SPECSPLIT_CUDA_GRAPHS=0. `prefix_caching`: prompts reuse the KV of
         earlier prompts' identical leading blocks (kv/prefix_cache.py)."""
         self.loaded = loaded
+        # Whether this runner's step programs decide tokens (rank 0 of a tensor-parallel replica, or a whole model);
+        # the other ranks run only the forwards and collectives (runtime/tensor_parallel_runner.py).
+        self.decides = True
         self.model = loaded.model
         self.config = loaded.config
         param = next(self.model.parameters())
@@ -135,6 +138,11 @@ class ModelRunner:
         bucket = bucket_for(len(tables)) if self.graphs is not None else None
         layout = program.layout(shape, bucket or len(tables))
         host = layout.pack({**values, **self.block_tables.sync(tables)}, np.empty(layout.size, dtype=np.int64))
+        return self.execute_step(program, shape, layout, host, bucket)
+
+    def execute_step(self, program, shape, layout, host: np.ndarray, bucket: int | None) -> np.ndarray:
+        """Run a step program on its packed inputs (a graph replay when `bucket` is set). The ranks of a
+        tensor-parallel replica all run this with rank 0's inputs (runtime/tensor_parallel_runner.py)."""
         if bucket is not None:
             key = (program.name, shape, bucket)
             return self.graphs.run(key, lambda inputs: self._run_program(program, shape, layout, inputs), host)

@@ -79,6 +79,8 @@ class VerifySteps:
         # The k+1 rows that decide: from the last delta token on (padding rows of short sequences are ignored).
         decide_at = ((f["n_delta"] - 1)[:, None] + offsets[None, : k + 1]).clamp(max=shape.width - 1)
         logits = runner.model.compute_logits(hidden[seqs[:, None], decide_at])  # [n, k + 1, vocab]
+        if not runner.decides:  # a tensor-parallel rank > 0: its part ends with the logits' all-gather
+            return logits.new_zeros(1, dtype=torch.int32)
         proposals = f["tokens"].gather(1, (f["n_delta"][:, None] + offsets[None, :k]).clamp(max=shape.width - 1))
         q_ids = q_probs = None
         if not shape.greedy and k:

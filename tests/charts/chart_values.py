@@ -32,6 +32,11 @@ VALUE_SETS: dict[str, dict] = {
         "target": {"model": "/models/qwen2.5-coder-7b-instruct", "tensorParallelSize": 2,
                    "resources": _pool("16", "64Gi", 2)},
     },
+    # The target over four GPUs of one pod, the draft over two: one process per GPU in each pod.
+    "tp4-target-tp2-draft": {
+        "target": {"model": "/models/llama-3-70b-instruct", "tensorParallelSize": 4, "resources": _pool("32", "256Gi", 4)},
+        "draft": {"model": "/models/llama-3-8b-instruct", "tensorParallelSize": 2, "resources": _pool("8", "64Gi", 2)},
+    },
     "canary-on": {
         "canary": {"enabled": True, "model": "qwen2.5-coder-1.5b-instruct", "weight": 5,
                    "promotion": {"metric": "acceptanceRate", "maxWeight": 40}},

@@ -126,6 +126,15 @@ def test_tensor_parallel_target_gets_its_gpus_and_shared_memory():
     assert all(v["name"] != "dshm" for v in pods["draft"]["volumes"])
 
 
+def test_sharded_draft_and_target_get_their_gpus_and_process_layout():
+    pods = _by_component("tp4-target-tp2-draft")
+    for role, degree in (("target", "4"), ("draft", "2")):
+        (container,) = pods[role]["containers"]
+        assert container["resources"]["limits"][GPU] == container["resources"]["requests"][GPU] == degree, role
+        assert container["command"][-2:] == ["--tensor-parallel-size", degree], role
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"], role
+
+
 def test_canary_pool_runs_the_canary_model_with_the_draft_pools_placement():
     pods = _by_component("canary-on")
     canary, draft = pods["draft-canary"], pods["draft"]

@@ -244,3 +244,15 @@ def test_pods_run_as_the_images_user() -> None:
     for pod in _pods({}).values():
         context = pod["securityContext"]
         assert context["runAsUser"] == context["runAsGroup"] == context["fsGroup"] == RUN_AS_USER
+
+
+def test_a_sharded_draft_runs_one_process_per_gpu_of_its_pod() -> None:
+    spec = parse_spec({"image": "registry.example/specsplit:0.1.0",
+                       "target": {"model": "llama-3-70b-instruct", "tensorParallelSize": 4},
+                       "draft": {"model": "llama-3-8b-instruct", "tensorParallelSize": 2}})
+    built = {(obj["kind"], obj["metadata"]["name"]): obj for obj in build_objects(OWNER, spec, PLAN)}
+    for name, degree in (("coder-target", "4"), ("coder-draft", "2")):
+        deployment = built[("Deployment", name)]
+        assert container(deployment)["command"][-2:] == ["--tensor-parallel-size", degree]
+        assert container(deployment)["resources"]["limits"] == {"nvidia.com/gpu": degree}
+        assert {"name": "dshm", "mountPath": "/dev/shm"} in container(deployment)["volumeMounts"]

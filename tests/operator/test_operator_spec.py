@@ -68,7 +68,7 @@ def test_every_problem_is_reported_with_its_field() -> None:
         "numSpeculativeTokens": 17,
         "target": {"model": "big", "replicas": {"min": 4, "max": 2}, "tensorParallelSize": 2,
                    "resources": {"gpus": 1}, "autoscaling": {"proposeQueueDepth": 3}},
-        "draft": {"model": "small", "tensorParallelSize": 2},
+        "draft": {"model": "small", "tensorParallelSize": 4},
         "canary": {"model": "new", "weight": 60, "promotion": {"metric": "latency", "maxWeight": 50}},
         "autoscaling": {"maxStep": 0},
         "surprise": True,
@@ -80,7 +80,7 @@ def test_every_problem_is_reported_with_its_field() -> None:
         "spec.target.replicas: min (4) must not exceed max (2)",
         "spec.target.resources.gpus: 1 GPUs cannot hold 2 shards",
         "spec.target.autoscaling.proposeQueueDepth: unknown field",
-        "spec.draft.tensorParallelSize: the draft service runs on one device; must be 1",
+        "spec.draft.tensorParallelSize: the draft (4) must not be sharded over more GPUs than the target (2)",
         "spec.canary.promotion.metric: 'latency' is not one of tokensPerSecond, acceptanceRate",
         "spec.canary.weight: 60 exceeds promotion.maxWeight (50)",
         "spec.autoscaling.maxStep: must be at least 1, got 0",
@@ -256,7 +256,7 @@ def test_crd_schema_accepts_a_full_spec_and_rejects_what_the_operator_rejects() 
     validator.validate(full)
     parse_spec(full)
     for path, value in [(("numSpeculativeTokens",), 17), (("canary", "promotion", "metric"), "latency"),
-                        (("draft", "tensorParallelSize"), 2), (("target", "replicas", "min"), 0),
+                        (("draft", "tensorParallelSize"), 17), (("target", "replicas", "min"), 0),
                         (("tls",), {"mutual": True}), (("tls", "mutual"), "yes"),
                         (("coordinator", "auth"), {}), (("imagePullSecrets",), [{}]),
                         (("target", "env", 0), {"value": "no name"}),
@@ -274,3 +274,10 @@ def test_crd_schema_accepts_a_full_spec_and_rejects_what_the_operator_rejects() 
             validator.validate(bad)
         with pytest.raises(InvalidSpecError):
             parse_spec(bad)
+
+
+def test_draft_sharded_over_fewer_gpus_than_the_target() -> None:
+    spec = parse_spec({**MINIMAL, "target": {"model": "big", "tensorParallelSize": 4},
+                       "draft": {"model": "small", "tensorParallelSize": 2}})
+    assert (spec.target.tensor_parallel_size, spec.target.resources.gpus) == (4, 4)
+    assert (spec.draft.tensor_parallel_size, spec.draft.resources.gpus) == (2, 2)

@@ -61,6 +61,9 @@ Takes (dict "ctx" $ "role" "target"|"draft").
 {{- if and (gt $tp 1) (lt $gpus $tp) }}
 {{- fail (printf "%s.tensorParallelSize (%d) needs one GPU per shard: set nvidia.com/gpu to at least %d in %s.resources.limits" .role $tp $tp .role) }}
 {{- end }}
+{{- if and (eq .role "draft") (gt $tp (int .ctx.Values.target.tensorParallelSize)) }}
+{{- fail (printf "draft.tensorParallelSize (%d) must not exceed target.tensorParallelSize (%d): the draft is the small model" $tp (int .ctx.Values.target.tensorParallelSize)) }}
+{{- end }}
 model: {{ $values.model | quote }}
 replicas:
   min: {{ int $values.replicas.min }}

@@ -1,0 +1,139 @@
+"""Lockstep of a tensor-parallel replica: rank 0's model runner drives, the other ranks' runners follow.
+
+Rank 0 is an ordinary ModelRunner over its shard that, before each operation touching the device, sends the
+operation's metadata on the command channel (runtime/tensor_parallel_group.py):
+
+- `copy_blocks`: the copy-on-write copies a KV reservation asked for (block ids);
+- `forward`: a ragged forward (prefills): per item its block ids, token count, new token ids and logits rows;
+- `step`: a step program (draft k-step call, verification): its name, shape and the packed int64 inputs;
+- `tables`: a change of the device block tables made outside a step program.
+
+Every rank then runs the same operation on its own shard and its own paged KV (its KV heads only). Host-side state
+(block manager, prefix cache, sequences) lives on rank 0 alone: the followers only ever see block ids.
+
+Step programs run whole on every rank (on a GPU, each rank captures the same graph with its collectives inside).
+The verification decides on rank 0 only: followers stop after the logits' all-gather (`runner.decides`). A draft's
+k-step program needs each proposal on every rank for the next forward: every rank samples it from the same
+all-gathered logits with the same counter RNG (identical tokens, no broadcast on the step's critical path), and
+rank 0's result is the one returned.
+
+A lost rank (its process exited, or a collective failed) makes every later call raise Unavailable and calls
+`on_rank_lost`, which a worker process answers by exiting, so its coordinator fails over as for any lost replica.
+"""
+
+import logging
+import threading
+
+import numpy as np
+
+from specsplit.services.errors import Unavailable
+from specsplit.services.kv.block_manager import BlockTable
+from specsplit.services.runtime.model_runner import ForwardItem, ModelRunner
+
+log = logging.getLogger(__name__)
+
+
+class DrivingModelRunner(ModelRunner):
+    """Rank 0's runner: an ordinary ModelRunner over its shard that has the other ranks mirror its device work."""
+
+    def __init__(self, loaded, group, followers=None, **runner_options):
+        super().__init__(loaded, **runner_options)
+        self.group = group
+        self.followers = followers  # runtime/tensor_parallel_launch.FollowerProcesses (None: started elsewhere)
+        self.tensor_parallel_size = group.world_size
+        self.lost: str | None = None
+        self._lock = threading.Lock()
+        self.block_tables.on_change = lambda change: self._command("tables", change)
+        self._command("runner", dict(num_blocks=self.block_manager.num_blocks, block_size=self.block_size,
+                                     max_batch_tokens=self.max_batch_tokens, cuda_graphs=self.graphs is not None))
+
+    def reserve_tokens(self, table: BlockTable, count: int) -> None:
+        copies = self.block_manager.append(table, count)
+        if copies:
+            self._command("copy_blocks", copies)
+        self._guarded(self.cache.copy_blocks, copies)
+
+    def forward_flat(self, items: list[ForwardItem]):
+        self._command("forward", [(list(i.table.block_ids), i.table.num_tokens, list(i.token_ids), i.num_logits)
+                                  for i in items])
+        return self._guarded(super().forward_flat, items)
+
+    def execute_step(self, program, shape, layout, host: np.ndarray, bucket: int | None) -> np.ndarray:
+        self._command("step", program.name, shape, layout.rows, host, bucket)
+        return self._guarded(super().execute_step, program, shape, layout, host, bucket)
+
+    def rank_lost(self, reason: str) -> None:
+        """A rank is gone: refuse every later call (the followers are stopped by whoever noticed)."""
+        if self.lost is None:
+            self.lost = reason
+            log.error("tensor-parallel replica lost a rank: %s", reason)
+
+    def close(self) -> None:
+        """Stop the followers (they leave their command loop) and wait for them."""
+        if self.followers is not None:
+            self.followers.expect_exit()
+        if self.lost is None:
+            try:
+                self._command("stop")
+            except Unavailable:
+                pass
+            self.lost = "closed"
+        if self.followers is not None:
+            self.followers.stop()
+
+    def _command(self, *command) -> None:
+        if self.lost is not None:
+            raise Unavailable(f"tensor-parallel replica is down: {self.lost}")
+        self._guarded(self.group.send_command, command)
+
+    def _guarded(self, operation, *args):
+        """Run a step of the lockstep; a collective that fails means a rank is gone."""
+        try:
+            return operation(*args)
+        except RuntimeError as error:  # gloo / NCCL report a dead peer or a timeout as RuntimeError
+            if not _is_collective_error(error):
+                raise
+            self.rank_lost(str(error).splitlines()[0])
+            if self.followers is not None:
+                self.followers.on_lost(self.lost)
+            raise Unavailable(f"tensor-parallel replica is down: {self.lost}") from None
+
+
+def _is_collective_error(error: RuntimeError) -> bool:
+    text = str(error).lower()
+    return any(word in text for word in ("gloo", "nccl", "connection", "closed", "timed out", "timeout", "peer"))
+
+
+def follow(group, make_runner) -> None:
+    """Ranks > 0: run rank 0's commands until it says stop. `make_runner(**options)` builds this rank's runner
+    when rank 0 has sized its own (its first command)."""
+    from specsplit.services.draft.draft_steps import DraftSteps
+    from specsplit.services.target.verify_steps import VerifySteps
+
+    programs = {VerifySteps.name: VerifySteps, DraftSteps.name: DraftSteps}
+    runner = None
+    while True:
+        kind, *args = group.receive_command()
+        if kind == "stop":
+            return
+        if kind == "runner":
+            runner = make_runner(**args[0])
+            runner.decides = False
+        elif kind == "copy_blocks":
+            runner.cache.copy_blocks(args[0])
+        elif kind == "forward":
+            items = [ForwardItem(BlockTable(block_ids, num_tokens), token_ids, num_logits)
+                     for block_ids, num_tokens, token_ids, num_logits in args[0]]
+            runner.forward_flat(items)
+        elif kind == "step":
+            name, shape, rows, host, bucket = args
+            program = programs[name]
+            runner.execute_step(program, shape, program.layout(shape, rows), host, bucket)
+        elif kind == "tables":
+            change = args[0]
+            if change[0] == "write":
+                runner.block_tables.write(change[1])
+            else:
+                runner.block_tables.grow()
+        else:
+            raise RuntimeError(f"unknown tensor-parallel command {kind!r}")

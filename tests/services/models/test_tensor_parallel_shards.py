@@ -1,0 +1,66 @@
+"""Which slice of every weight a tensor-parallel rank holds, and that it reads exactly that slice from the
+checkpoint (no processes: loading needs no collectives)."""
+
+import pytest
+import torch
+
+from specsplit.services.models.config import DecoderConfig
+from specsplit.services.models.sharded_loader import load_model_shard
+from specsplit.services.models.tensor_parallel import ShardPlan
+from tiny_models import build_model, save_model
+
+
+def config(heads=4, kv_heads=2, vocab=257, intermediate=128):
+    model = build_model("qwen2", num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab,
+                        intermediate_size=intermediate)
+    return DecoderConfig.from_hf(model.config)
+
+
+def test_kv_heads_are_split_or_replicated_by_the_query_heads_that_read_them():
+    split = [ShardPlan(config(heads=4, kv_heads=2), r, 2) for r in range(2)]
+    assert [(p.heads, p.kv_heads) for p in split] == [(range(0, 2), range(0, 1)), (range(2, 4), range(1, 2))]
+    replicated = [ShardPlan(config(heads=4, kv_heads=2), r, 4) for r in range(4)]
+    # query head h reads KV head h // 2: ranks 0-1 hold KV head 0, ranks 2-3 KV head 1
+    assert [(p.heads, p.kv_heads) for p in replicated] == [
+        (range(0, 1), range(0, 1)), (range(1, 2), range(0, 1)), (range(2, 3), range(1, 2)), (range(3, 4), range(1, 2))]
+    shard = replicated[3].shard_config()
+    assert (shard.num_heads, shard.num_kv_heads, shard.intermediate_size, shard.vocab_size) == (1, 1, 32, 257)
+
+
+def test_vocabulary_rows_are_padded_to_equal_slices():
+    plans = [ShardPlan(config(vocab=257), r, 2) for r in range(2)]
+    assert [p.vocab for p in plans] == [range(0, 129), range(129, 258)]
+
+
+class NoCollectives:
+    """Loading never communicates; a forward would."""
+
+    def all_reduce(self, tensor):
+        raise AssertionError("no collective while loading")
+
+    all_gather_last = all_reduce
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_rank_loads_exactly_its_slices(tmp_path, rank):
+    hf = build_model("qwen2", seed=4)
+    path = save_model(hf, tmp_path / "model")
+    shard = load_model_shard(str(path), rank, 2, NoCollectives(), "float32", with_tokenizer=False)
+    full = {name: tensor for name, tensor in hf.state_dict().items()}
+    attn, mlp = shard.model.model.layers[1].self_attn, shard.model.model.layers[1].mlp
+    head_dim = 16
+    q_rows = slice(rank * 2 * head_dim, (rank + 1) * 2 * head_dim)  # two query heads per rank
+    kv_rows = slice(rank * head_dim, (rank + 1) * head_dim)         # one KV head per rank
+    expected_qkv = torch.cat([full["model.layers.1.self_attn.q_proj.weight"][q_rows],
+                              full["model.layers.1.self_attn.k_proj.weight"][kv_rows],
+                              full["model.layers.1.self_attn.v_proj.weight"][kv_rows]])
+    assert torch.equal(attn.qkv_proj.weight, expected_qkv)
+    assert torch.equal(attn.o_proj.linear.weight, full["model.layers.1.self_attn.o_proj.weight"][:, q_rows])
+    units = slice(rank * 64, (rank + 1) * 64)
+    assert torch.equal(mlp.down_proj.linear.weight, full["model.layers.1.mlp.down_proj.weight"][:, units])
+    assert torch.equal(mlp.gate_up_proj.weight[:64], full["model.layers.1.mlp.gate_proj.weight"][units])
+    rows = shard.model.model.embed_tokens.weight
+    expected_rows = full["model.embed_tokens.weight"][rank * 129 : (rank + 1) * 129]
+    assert torch.equal(rows[: len(expected_rows)], expected_rows)
+    assert not rows[len(expected_rows):].any()  # padding past the vocabulary
+    assert shard.config.num_kv_heads == 1 and shard.model.model.layers[0].self_attn.num_heads == 2

@@ -1,0 +1,153 @@
+"""Tensor parallelism on the CPU (gloo), in-process engine: a sharded target (degree 2 and 4) and a sharded draft
+give exactly the degree-1 output, greedy and seeded sampling, target-only and speculative; bad degrees get clear
+errors; a rank that dies takes its replica down (UNAVAILABLE, no hang).
+
+Float64 tiny models: the all-reduces sum partial products in another order than one matmul does, which moves the
+last bits (~1e-16 here); the tests check the logits agree to 1e-9 and the tokens are identical. A float32 check
+shows the same token identity at that precision (logits within 1e-5)."""
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from specsplit.services.errors import InvalidArgument, Unavailable
+from specsplit.services.kv.block_manager import BlockTable
+from specsplit.services.local_engine import LocalEngine
+from specsplit.services.models.loader import load_model
+from specsplit.services.runtime.model_runner import ForwardItem, ModelRunner
+from specsplit.services.runtime.tensor_parallel_group import check_tensor_parallel_degree
+from specsplit.services.runtime.tensor_parallel_launch import start_tensor_parallel_runner
+from specsplit.services.sampling_params import SamplingParams
+from tiny_models import build_model, byte_tokenizer, save_model
+
+PROMPTS = ["def add(a, b):", "x", "The quick brown fox jumps over the lazy dog.", "1, 2, 3, 5, 8, 13,"]
+MAX_TOKENS = 20
+
+
+def generate(engine, k: int, temperature: float = 0.0):
+    tok = byte_tokenizer()
+
+    async def main():
+        params = [SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, num_speculative_tokens=k,
+                                 temperature=temperature, seed=1000 + i if temperature else None)
+                  for i in range(len(PROMPTS))]
+        results = await asyncio.gather(*(engine.coordinator.generate(engine.request(tok.encode(p), sp))
+                                         for p, sp in zip(PROMPTS, params)))
+        await engine.coordinator.wait_idle()
+        return [r.token_ids for r in results]
+
+    return asyncio.run(main())
+
+
+def engine(tiny_pair, target_degree=1, draft_degree=1):
+    return LocalEngine(str(tiny_pair["target"]), str(tiny_pair["close"]), num_speculative_tokens=4, dtype="float64",
+                       speculation="fixed", num_kv_blocks=128, target_tensor_parallel_size=target_degree,
+                       draft_tensor_parallel_size=draft_degree)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_pair):
+    """Degree 1 everywhere: target-only greedy, speculative greedy, target-only and speculative sampled."""
+    e = engine(tiny_pair)
+    out = {"greedy": generate(e, 0), "spec_greedy": generate(e, 4), "sampled": generate(e, 0, 0.8),
+           "spec_sampled": generate(e, 4, 0.8)}
+    asyncio.run(e.close())
+    return out
+
+
+@pytest.fixture(scope="module")
+def sharded_target(tiny_pair):
+    """Target at degree 2, draft at degree 1."""
+    e = engine(tiny_pair, target_degree=2)
+    yield e
+    asyncio.run(e.close())
+
+
+def test_sharded_logits_match_degree_one(sharded_target, tiny_pair):
+    """Four heads over two KV heads at degree 2: each rank holds one KV head and two query heads."""
+    tokens = [3, 99, 17, 250, 4, 8, 15, 16, 23, 42]
+    whole = ModelRunner(load_model(str(tiny_pair["target"]), "float64"), num_blocks=16)
+    expected = run_prompt(whole, tokens)
+    runner = sharded_target.target_runner
+    assert runner.cache.layers[0][0].shape[2] == 1  # this rank's KV heads only
+    logits = run_prompt(runner, tokens)
+    assert logits.shape == expected.shape
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-9)
+    assert torch.equal(logits.argmax(-1), expected.argmax(-1))
+
+
+def run_prompt(runner, tokens):
+    """All logits of a prompt; its KV is freed again."""
+    table = BlockTable()
+    runner.reserve_tokens(table, len(tokens))
+    try:
+        return runner.forward([ForwardItem(table, tokens, len(tokens))])[0]
+    finally:
+        runner.release(table)
+
+
+def test_target_degree_two_greedy_and_sampled_identical(sharded_target, reference):
+    assert generate(sharded_target, 0) == reference["greedy"]
+    assert generate(sharded_target, 4) == reference["spec_greedy"] == reference["greedy"]
+    assert generate(sharded_target, 0, 0.8) == reference["sampled"]
+    assert generate(sharded_target, 4, 0.8) == reference["spec_sampled"]
+
+
+def test_target_degree_four_with_sharded_draft(tiny_pair, reference):
+    """Target over 4 ranks (KV heads replicated), the draft over 2 (its k-step programs in lockstep)."""
+    e = engine(tiny_pair, target_degree=4, draft_degree=2)
+    try:
+        assert e.target_runner.cache.layers[0][0].shape[2] == 1  # each KV head replicated on two ranks
+        assert generate(e, 4) == reference["greedy"]
+        assert generate(e, 4, 0.8) == reference["spec_sampled"]
+        assert generate(e, 0, 0.8) == reference["sampled"]
+        assert e.kv_blocks_used() == {"target": 0, "draft": 0}
+    finally:
+        asyncio.run(e.close())
+
+
+def test_float32_shards_pick_the_same_tokens(tmp_path):
+    model = build_model("llama", seed=3)  # float32, four heads over two KV heads
+    path = str(save_model(model, tmp_path / "llama32"))
+    tokens = list(range(5, 60, 3))
+    expected = run_prompt(ModelRunner(load_model(path, "float32"), num_blocks=16), tokens)
+    runner = start_tensor_parallel_runner(path, 2, "target", "float32", num_blocks=16, weight_format="dense")
+    try:
+        logits = run_prompt(runner, tokens)
+    finally:
+        runner.close()
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-5)
+    assert torch.equal(logits.argmax(-1), expected.argmax(-1))
+
+
+def test_bad_degrees_are_refused_before_anything_starts(tiny_pair):
+    with pytest.raises(InvalidArgument, match="does not divide the model's 4 attention heads"):
+        start_tensor_parallel_runner(str(tiny_pair["target"]), 3, "target", "float64")
+    present = torch.cuda.device_count()
+    with pytest.raises(InvalidArgument, match=f"exceeds the {present} GPUs present"):
+        check_tensor_parallel_degree(max(2, present + 1), 8, 8, "cuda")
+    with pytest.raises(InvalidArgument, match="KV heads"):
+        check_tensor_parallel_degree(4, 12, 6, "cpu")
+    check_tensor_parallel_degree(4, 8, 2, "cpu")  # two KV heads, each replicated on two ranks
+
+
+def test_a_dead_rank_takes_the_replica_down(tiny_pair):
+    lost = []
+    runner = start_tensor_parallel_runner(str(tiny_pair["target"]), 2, "target", "float64", num_blocks=16,
+                                          on_rank_lost=lost.append)
+    try:
+        run_prompt(runner, [1, 2, 3])
+        (pid,) = runner.followers.pids
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while not lost and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert lost and "rank 1" in lost[0]
+        with pytest.raises(Unavailable, match="tensor-parallel replica is down"):
+            run_prompt(runner, [4, 5, 6])
+    finally:
+        runner.close()
