@@ -7,6 +7,7 @@ from specsplit.services.coordinator.coordinator import Coordinator, CoordinatorC
 from specsplit.services.coordinator.generation import GenerationRequest, GenerationResult
 from specsplit.services.coordinator.replica_pools import ReplicaPool
 from specsplit.services.coordinator.worker_clients import LocalDraftClient, LocalTargetClient
+from specsplit.services.draft.ngram_proposer import DEFAULT_NGRAM_MAX, DEFAULT_NGRAM_MIN, NgramProposer
 from specsplit.services.draft.proposer import DraftProposer
 from specsplit.services.errors import InvalidArgument
 from specsplit.services.models.loader import LoadedModel, load_model
@@ -48,6 +49,9 @@ class LocalEngine:
         speculation: str = "adaptive",
         warm_up: bool = True,
         acceptance: AcceptancePolicy | None = None,
+        proposer: str = "model",
+        ngram_max: int = DEFAULT_NGRAM_MAX,
+        ngram_min: int = DEFAULT_NGRAM_MIN,
     ):
         """`synthetic_acceptance`: BENCHMARK ONLY, not lossless (services/target/synthetic_acceptance.py).
         `target_weights` / `draft_weights`: how each model's linear layers hold weights (models/weight_formats.py);
@@ -55,15 +59,22 @@ class LocalEngine:
         `speculation`: "adaptive" (k per round, up to num_speculative_tokens) or "fixed" (always that k); a given
         `coordinator_config` keeps its own. `warm_up`: on a GPU, capture the rounds' graphs before the first request
         (a few seconds) instead of when each shape first comes up.
-        `acceptance`: the target's acceptance method; None = lossless rejection sampling (typical is NOT lossless)."""
+        `acceptance`: the target's acceptance method; None = lossless rejection sampling (typical is NOT lossless).
+        `proposer`: "model" (the `draft` model proposes) or "ngram" (prompt lookup with tails of `ngram_max` down to
+        `ngram_min` tokens, draft/ngram_proposer.py; `draft` must be None)."""
         if num_speculative_tokens < 0:
             raise InvalidArgument(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
         self.target = target if isinstance(target, LoadedModel) else load_model(target, dtype, device)
+        if proposer not in ("model", "ngram"):
+            raise InvalidArgument(f"proposer must be 'model' or 'ngram', not {proposer!r}")
+        if proposer == "ngram" and draft is not None:
+            raise InvalidArgument("the n-gram proposer uses no draft model; give draft=None")
+        ngram = proposer == "ngram" and num_speculative_tokens > 0
         self.draft = None
         if draft is not None and num_speculative_tokens > 0:
             self.draft = draft if isinstance(draft, LoadedModel) else load_model(draft, dtype, device)
             check_compatible(self.target, self.draft)
-        use_weight_format(self.target, target_weight_request(target_weights, self.draft is not None), "target")
+        use_weight_format(self.target, target_weight_request(target_weights, self.draft is not None or ngram), "target")
         if self.draft is not None:
             use_weight_format(self.draft, draft_weights, "draft")
         self.target_runner = ModelRunner(self.target, num_blocks=num_kv_blocks, block_size=block_size,
@@ -77,13 +88,16 @@ class LocalEngine:
                                             prefix_caching=prefix_caching)
             self.proposer = DraftProposer(self.draft_runner, support_size=draft_support)
             drafts = [ReplicaPool("default", [LocalDraftClient(self.proposer)])]
+        elif ngram:
+            self.proposer = NgramProposer(ngram_max, ngram_min)
+            drafts = [ReplicaPool("default", [LocalDraftClient(self.proposer, name="local-ngram")])]
         if warm_up:
-            k = max(num_speculative_tokens, 1) if self.draft is not None else 0
+            k = max(num_speculative_tokens, 1) if self.proposer is not None else 0
             self.verifier.warm_up(max_k=k)
             if self.proposer is not None:
                 self.proposer.warm_up(max_k=k)
         config = coordinator_config or CoordinatorConfig(speculation=speculation)
-        config.num_speculative_tokens = num_speculative_tokens if self.draft is not None else 0
+        config.num_speculative_tokens = num_speculative_tokens if self.proposer is not None else 0
         self.coordinator = Coordinator(targets, drafts, self.target.tokenizer, self.target.config.eos_token_ids, config)
 
     @property
@@ -98,7 +112,7 @@ class LocalEngine:
 
     def kv_blocks_used(self) -> dict[str, int]:
         used = {"target": self.target_runner.block_manager.num_used_blocks}
-        if self.proposer is not None:
+        if self.draft is not None:
             used["draft"] = self.draft_runner.block_manager.num_used_blocks
         return used
 

@@ -90,6 +90,7 @@ def result_json(result) -> dict:
 
 async def _generate_local(args) -> int:
     from specsplit.services.coordinator.coordinator import CoordinatorConfig
+    from specsplit.services.draft.proposer_flags import ngram_options
     from specsplit.services.local_engine import LocalEngine
     from specsplit.services.target.acceptance_flags import acceptance_policy_from_args
 
@@ -98,7 +99,7 @@ async def _generate_local(args) -> int:
         args.target, args.draft, num_speculative_tokens=k, dtype=args.dtype, device=args.device,
         num_kv_blocks=args.num_kv_blocks, block_size=args.block_size, prefix_caching=args.prefix_caching,
         target_weights=args.target_weights, draft_weights=args.draft_weights,
-        acceptance=acceptance_policy_from_args(args),
+        acceptance=acceptance_policy_from_args(args), **ngram_options(args),
         coordinator_config=CoordinatorConfig(speculation=args.speculation,
                                              logprobs_while_speculating=args.logprobs_while_speculating),
     )
@@ -156,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_acceptance_args(gen, deployment=False)
     add_logprobs_switch_arg(gen)
     add_speculation_arg(gen)
+    from specsplit.services.draft.proposer_flags import add_proposer_args
+
+    add_proposer_args(gen)  # --local
     gen.set_defaults(handler=_cmd_generate)
 
     from specsplit.services.service_commands import add_service_commands
@@ -176,7 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _cmd_generate(args) -> int:
     if args.local:
         if not args.target:
-            raise SystemExit("--local needs --target MODEL (and --draft MODEL to speculate)")
+            raise SystemExit("--local needs --target MODEL (and --draft MODEL or --proposer ngram to speculate)")
+        if args.proposer == "ngram" and args.draft:
+            raise SystemExit("specsplit: error: --proposer ngram uses no draft model; leave out --draft")
         return asyncio.run(_generate_local(args))
     from specsplit.client import generate_from_cli
 

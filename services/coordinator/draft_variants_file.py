@@ -202,7 +202,7 @@ async def start_draft_variants_watcher(
         client = GrpcDraftClient(address, security=security)
         try:
             await client.connect(timeout=min(connect_timeout, 10.0))
-            if client.vocab_size != vocab:
+            if client.vocab_size and client.vocab_size != vocab:  # 0: any vocabulary (n-gram proposer)
                 raise InvalidArgument(
                     f"mismatched vocabularies: draft {address} has {client.vocab_size} tokens, target has {vocab}"
                 )

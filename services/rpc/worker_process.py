@@ -15,7 +15,15 @@ log = logging.getLogger(__name__)
 
 
 def build_worker_service(role: str, model: str, dtype="float32", device="cpu", num_kv_blocks=None, block_size=16, draft_support=32,
-                         synthetic_acceptance=None, weight_format="auto", prefix_caching=True, warm_up_k=4, acceptance=None):
+                         synthetic_acceptance=None, weight_format="auto", prefix_caching=True, warm_up_k=4, acceptance=None,
+                         proposer="model", ngram_max=None, ngram_min=None):
+    if role == "draft" and proposer == "ngram":  # prompt lookup: no model to load
+        from specsplit.services.draft.ngram_proposer import NgramProposer
+        from specsplit.services.draft.server import DraftService
+
+        sizes = {k: v for k, v in (("max_n", ngram_max), ("min_n", ngram_min)) if v is not None}
+        ngram = NgramProposer(**sizes)
+        return DraftService(ngram, f"ngram[{ngram.min_n}-{ngram.max_n}]"), "specsplit.v1.DraftWorker"
     loaded = load_model(model, dtype, device)
     use_weight_format(loaded, weight_format, role)
     runner = ModelRunner(loaded, num_blocks=num_kv_blocks, block_size=block_size, prefix_caching=prefix_caching)
