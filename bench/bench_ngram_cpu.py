@@ -1,0 +1,173 @@
+"""The prompt-lookup (n-gram) proposer against the 0.5B model draft and the target alone, real pair on the CPU.
+
+Qwen2.5-Coder-1.5B-Instruct (float32) as the target, greedy, batch 1 (one request at a time), in one process, on
+three workloads of `--prompts` prompts each, `--max-tokens` new tokens (or fewer at end of text):
+- code: HumanEval prompts (a signature and docstring each), raw completion;
+- prose: Shakespeare passages, raw completion;
+- edit: the instruct model asked (chat template) to rename a HumanEval function (its prompt + canonical solution)
+  and its first parameter and change nothing else: the answer is mostly a copy of the prompt.
+Configurations: the target alone (dense weights: its fastest layout for one row), the 0.5B draft at k = 4 (int8
+weights; target packed), the n-gram proposer at k = 4 and k = 8 (`--ngram-max`/`--ngram-min`; target packed), all
+with fixed k (`--speculation fixed`), and the n-gram proposer with the default adaptive k up to 8. The speculative
+configurations share one loaded target (packed); the target-only baseline loads it again, dense, afterwards.
+
+Per configuration and workload: acceptance rate (accepted / proposed), mean accepted tokens per round with a
+proposal, the share of rounds with a proposal (the n-gram proposer finds no match in the others), tokens per round
+(all rounds), and decode speed (tokens after the first / time after the first token, summed over the prompts, so
+prompt prefill and prefix-cache hits do not count). Greedy output of every configuration must equal the target
+alone's (checked, recorded).
+
+    flock /work/heavy.lock python bench/bench_ngram_cpu.py [--prompts 3] [--max-tokens 80]
+"""
+
+import argparse
+import asyncio
+import gc
+import gzip
+import json
+import resource
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from bench_common import print_table, write_results  # noqa: E402
+from prompts import _human_eval_file, humaneval_prompts, shakespeare_prompts  # noqa: E402
+from specsplit.services.coordinator.coordinator import Coordinator, CoordinatorConfig  # noqa: E402
+from specsplit.services.coordinator.replica_pools import ReplicaPool  # noqa: E402
+from specsplit.services.coordinator.worker_clients import LocalDraftClient, LocalTargetClient  # noqa: E402
+from specsplit.services.draft.ngram_proposer import NgramProposer  # noqa: E402
+from specsplit.services.local_engine import LocalEngine  # noqa: E402
+from specsplit.services.models.prepare import resolve_model  # noqa: E402
+from specsplit.services.sampling_params import SamplingParams  # noqa: E402
+from specsplit.services.tokenization import encode_prompt  # noqa: E402
+
+TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
+EDIT_INSTRUCTION = ("Rename this function to `solution` and its first parameter to `data`. Change nothing else: keep "
+                    "the docstring and the code exactly as they are. Reply with the whole function in one code block."
+                    "\n\n```python\n{code}```")
+
+
+def workloads(n: int) -> dict[str, list[tuple[str, bool]]]:
+    """name -> [(prompt text, apply the chat template)]."""
+    with gzip.open(_human_eval_file(), "rt", encoding="utf-8") as lines:
+        problems = [json.loads(line) for line in lines if line.strip()]
+    # Functions of a few hundred characters (about 100-200 tokens): the answer fills the token budget.
+    functions = [f for f in (p["prompt"] + p["canonical_solution"] for p in problems) if 400 <= len(f) <= 800][:n]
+    return {
+        "code": [(p["prompt"], False) for p in humaneval_prompts(n)],
+        "prose": [(p["prompt"], False) for p in shakespeare_prompts(n, 600, seed=0)],
+        "edit": [(EDIT_INSTRUCTION.format(code=f), True) for f in functions],
+    }
+
+
+def run(coordinator, tokenizer, prompts, max_tokens: int, k: int):
+    params = SamplingParams(max_tokens=max_tokens, num_speculative_tokens=k)
+
+    async def main():
+        results = []
+        for text, chat in prompts:  # batch 1: one request at a time
+            results.append(await coordinator.generate(_request(tokenizer, text, chat, params)))
+            await coordinator.wait_idle()
+        return results
+
+    return asyncio.run(main())
+
+
+def _request(tokenizer, text, chat, params):
+    from specsplit.services.coordinator.generation import GenerationRequest
+
+    return GenerationRequest(encode_prompt(tokenizer, text, chat), params)
+
+
+def summary(results) -> dict:
+    drafted = sum(r.stats.draft_tokens for r in results)
+    accepted = sum(r.stats.accepted_tokens for r in results)
+    rounds = sum(r.stats.rounds for r in results)
+    proposing = sum(r.stats.drafted_per_position[0] for r in results if r.stats.drafted_per_position)
+    decode_tokens = sum(len(r.token_ids) - 1 for r in results)
+    decode_s = sum(r.total_time - r.time_to_first_token for r in results)
+    return {
+        "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+        "accepted_per_proposing_round": round(accepted / proposing, 3) if proposing else None,
+        "rounds_with_proposal": round(proposing / rounds, 3) if rounds else None,
+        "tokens_per_round": round(sum(len(r.token_ids) - 1 for r in results) / rounds, 3) if rounds else None,
+        "decode_tokens_per_s": round(decode_tokens / decode_s, 3),
+        "completion_tokens": sum(len(r.token_ids) for r in results),
+        "drafted": drafted, "accepted": accepted, "rounds": rounds,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--prompts", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=80)
+    parser.add_argument("--ngram-max", type=int, default=4)
+    parser.add_argument("--ngram-min", type=int, default=1)
+    args = parser.parse_args()
+    loads = workloads(args.prompts)
+    target_dir, draft_dir = str(resolve_model(TARGET)), str(resolve_model(DRAFT))
+
+    # Speculative configurations: one target (packed weights), the model draft, and n-gram coordinators beside it.
+    engine = LocalEngine(target_dir, draft_dir, num_speculative_tokens=4, speculation="fixed")
+    tokenizer, eos = engine.tokenizer, engine.target.config.eos_token_ids
+
+    def ngram_coordinator(k: int, speculation: str) -> Coordinator:
+        proposer = NgramProposer(args.ngram_max, args.ngram_min)
+        return Coordinator(ReplicaPool("target", [LocalTargetClient(engine.verifier)]),
+                           [ReplicaPool("ngram", [LocalDraftClient(proposer, name="ngram")])], tokenizer, eos,
+                           CoordinatorConfig(num_speculative_tokens=k, speculation=speculation))
+
+    configs = [
+        ("draft 0.5B, k=4", engine.coordinator, 4),
+        ("ngram, k=4", ngram_coordinator(4, "fixed"), 4),
+        ("ngram, k=8", ngram_coordinator(8, "fixed"), 8),
+        ("ngram, adaptive k<=8", ngram_coordinator(8, "adaptive"), None),
+    ]
+    outputs, rows = {}, []
+    for name, coordinator, k in configs:
+        run(coordinator, tokenizer, loads["code"][:1], 4, k)  # first-call costs
+        for workload, prompts in loads.items():
+            started = time.perf_counter()
+            results = run(coordinator, tokenizer, prompts, args.max_tokens, k)
+            outputs[name, workload] = [r.token_ids for r in results]
+            rows.append({"config": name, "workload": workload, **summary(results),
+                         "wall_s": round(time.perf_counter() - started, 1)})
+            print(rows[-1], flush=True)
+    del engine, configs
+    gc.collect()
+
+    # The target alone, dense.
+    alone = LocalEngine(target_dir, None, num_speculative_tokens=0)
+    run(alone.coordinator, tokenizer, loads["code"][:1], 4, 0)
+    for workload, prompts in loads.items():
+        started = time.perf_counter()
+        results = run(alone.coordinator, tokenizer, prompts, args.max_tokens, 0)
+        outputs["target only", workload] = [r.token_ids for r in results]
+        rows.append({"config": "target only", "workload": workload, **summary(results),
+                     "wall_s": round(time.perf_counter() - started, 1)})
+        print(rows[-1], flush=True)
+
+    baseline = {row["workload"]: row["decode_tokens_per_s"] for row in rows if row["config"] == "target only"}
+    for row in rows:
+        row["speedup_vs_target_only"] = round(row["decode_tokens_per_s"] / baseline[row["workload"]], 3)
+        row["output_identical_to_target_only"] = outputs[row["config"], row["workload"]] == outputs["target only", row["workload"]]
+    print_table(rows, ["workload", "config", "acceptance_rate", "accepted_per_proposing_round", "rounds_with_proposal",
+                       "tokens_per_round", "decode_tokens_per_s", "speedup_vs_target_only",
+                       "output_identical_to_target_only"])
+    path = write_results("ngram_cpu", rows, {
+        "models": {"target": TARGET, "draft": DRAFT, "dtype": "float32",
+                   "weights": "speculative: target packed, draft int8; target only: dense"},
+        "ngram": {"max": args.ngram_max, "min": args.ngram_min},
+        "prompts_per_workload": args.prompts, "max_tokens": args.max_tokens, "greedy": True, "batch": 1,
+        "edit_instruction": EDIT_INSTRUCTION,
+        "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+        "note": "decode_tokens_per_s excludes each request's first token (its prompt's prefill); one shared 2-core "
+                "machine with other work beside it: ratios within this run are what the numbers are for",
+    })
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
