@@ -25,6 +25,7 @@ import asyncio
 import gc
 import gzip
 import json
+import os
 import resource
 import sys
 import time
@@ -32,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from bench_common import print_table, write_results  # noqa: E402
+from bench_common import commit, print_table, write_results  # noqa: E402
 from prompts import _human_eval_file, humaneval_prompts, shakespeare_prompts  # noqa: E402
 from specsplit.services.coordinator.coordinator import Coordinator, CoordinatorConfig  # noqa: E402
 from specsplit.services.coordinator.replica_pools import ReplicaPool  # noqa: E402
@@ -106,6 +107,7 @@ def main() -> None:
     parser.add_argument("--ngram-max", type=int, default=4)
     parser.add_argument("--ngram-min", type=int, default=1)
     args = parser.parse_args()
+    os.environ.setdefault("SPECSPLIT_COMMIT", commit())  # the code as it was loaded, whatever changes meanwhile
     loads = workloads(args.prompts)
     target_dir, draft_dir = str(resolve_model(TARGET)), str(resolve_model(DRAFT))
 

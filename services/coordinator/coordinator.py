@@ -338,7 +338,10 @@ class Coordinator:
                                                       len(proposal.token_ids), verdict.num_accepted)
                 sequence.target_cached = verdict.num_cached
                 self._commit(sequence, verdict, num_draft=len(proposal.token_ids) if proposal else 0)
-        if self._round_alone and all(n in (0, k) for n in k_of.values()):  # a clean round of one k: its cost
+        # A clean round of one k measures its cost; not one where a proposer sent fewer than asked (an n-gram
+        # lookup without a match): that verification cost less than k proposals do.
+        short = any(len(proposal.token_ids) < k_of[s] for s, proposal in proposals.items())
+        if self._round_alone and not short and all(n in (0, k) for n in k_of.values()):
             self.policy.record_costs(batch, k, proposed - started, time.perf_counter() - proposed)
         self.telemetry.round_chosen(k, batch)
 
