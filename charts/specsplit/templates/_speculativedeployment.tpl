@@ -61,13 +61,17 @@ Takes (dict "ctx" $ "role" "target"|"draft").
 {{- if and (gt $tp 1) (lt $gpus $tp) }}
 {{- fail (printf "%s.tensorParallelSize (%d) needs one GPU per shard: set nvidia.com/gpu to at least %d in %s.resources.limits" .role $tp $tp .role) }}
 {{- end }}
+{{- if eq ($values.proposer | default "model") "ngram" }}
+{{- include "specsplit.cr.ngram" $values }}
+{{- else }}
 model: {{ $values.model | quote }}
+{{- end }}
 replicas:
   min: {{ int $values.replicas.min }}
   max: {{ int $values.replicas.max }}
 tensorParallelSize: {{ $tp }}
 resources:
-  {{- include "specsplit.cr.resources" (dict "resources" $values.resources "path" $path "gpus" true) | trim | nindent 2 }}
+  {{- include "specsplit.cr.resources" (dict "resources" $values.resources "path" $path "gpus" (ne ($values.proposer | default "model") "ngram")) | trim | nindent 2 }}
 {{- with $values.nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
@@ -92,6 +96,17 @@ env:
 {{- with $values.autoscaling }}
 autoscaling:
   {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* The n-gram proposer of a draft or canary block: no model, its tail lengths. Takes the value block. */}}
+{{- define "specsplit.cr.ngram" }}
+proposer: ngram
+ngram:
+  max: {{ int .ngram.max }}
+  min: {{ int .ngram.min }}
+{{- if gt (int .ngram.min) (int .ngram.max) }}
+{{- fail (printf "ngram.min (%d) must not exceed ngram.max (%d)" (int .ngram.min) (int .ngram.max)) }}
 {{- end }}
 {{- end }}
 
