@@ -102,6 +102,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=80)
     parser.add_argument("--ngram-max", type=int, default=4)
     parser.add_argument("--ngram-min", type=int, default=1)
+    parser.add_argument("--configs", default="target,draft4,ngram4,ngram8",
+                        help="of target (alone), draft4 (0.5B draft, k=4), ngram4, ngram8 (n-gram proposer, k=4 / 8)")
     parser.add_argument("--no-dense-baseline", dest="dense_baseline", action="store_false",
                         help="skip the target-only run with dense weights (a second load of the target)")
     args = parser.parse_args()
@@ -119,12 +121,13 @@ def main() -> None:
                            [ReplicaPool("ngram", [LocalDraftClient(proposer, name="ngram")])], tokenizer, eos,
                            CoordinatorConfig(num_speculative_tokens=k, speculation=speculation))
 
-    configs = [
-        ("target only (packed)", engine.coordinator, 0),
-        ("draft 0.5B, k=4", engine.coordinator, 4),
-        ("ngram, k=4", ngram_coordinator(4, "fixed"), 4),
-        ("ngram, k=8", ngram_coordinator(8, "fixed"), 8),
-    ]
+    every = {
+        "target": ("target only (packed)", engine.coordinator, 0),
+        "draft4": ("draft 0.5B, k=4", engine.coordinator, 4),
+        "ngram4": ("ngram, k=4", ngram_coordinator(4, "fixed"), 4),
+        "ngram8": ("ngram, k=8", ngram_coordinator(8, "fixed"), 8),
+    }
+    configs = [every[name] for name in args.configs.split(",")]
     for _, coordinator, k in configs:
         run(coordinator, tokenizer, loads["code"][:1], 4, k)  # first-call costs
     # Interleaved: each prompt under every configuration in turn, so load from elsewhere on the machine falls on
@@ -135,7 +138,7 @@ def main() -> None:
             for name, coordinator, k in configs:
                 results[name, workload] += run(coordinator, tokenizer, [prompt], args.max_tokens, k)
         print(f"{workload} done", flush=True)
-    del engine, configs
+    del engine, configs, every
     gc.collect()
     if args.dense_baseline:  # the target alone in its fastest layout for one row, after the rest (not interleaved)
         alone = LocalEngine(target_dir, None, num_speculative_tokens=0)
