@@ -102,6 +102,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=80)
     parser.add_argument("--ngram-max", type=int, default=4)
     parser.add_argument("--ngram-min", type=int, default=1)
+    parser.add_argument("--target", default=TARGET, help="target MODEL (default: the real pair's)")
+    parser.add_argument("--draft", default=DRAFT, help="draft MODEL (default: the real pair's)")
     parser.add_argument("--configs", default="target,draft4,ngram4,ngram8",
                         help="of target (alone), draft4 (0.5B draft, k=4), ngram4, ngram8 (n-gram proposer, k=4 / 8)")
     parser.add_argument("--no-dense-baseline", dest="dense_baseline", action="store_false",
@@ -109,7 +111,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("SPECSPLIT_COMMIT", commit())  # the code as it was loaded, whatever changes meanwhile
     loads = workloads(args.prompts)
-    target_dir, draft_dir = str(resolve_model(TARGET)), str(resolve_model(DRAFT))
+    target_dir, draft_dir = str(resolve_model(args.target)), str(resolve_model(args.draft))
 
     # Speculative configurations: one target (packed weights), the model draft, and n-gram coordinators beside it.
     engine = LocalEngine(target_dir, draft_dir, num_speculative_tokens=4, speculation="fixed")
@@ -157,7 +159,7 @@ def main() -> None:
                        "tokens_per_round", "decode_tokens_per_s", "speedup_vs_target_only",
                        "output_identical_to_target_only"])
     path = write_results("ngram_cpu", rows, {
-        "models": {"target": TARGET, "draft": DRAFT, "dtype": "float32",
+        "models": {"target": args.target, "draft": args.draft, "dtype": "float32",
                    "weights": "target packed (dense in the 'dense, after' row), draft int8"},
         "ngram": {"max": args.ngram_max, "min": args.ngram_min},
         "prompts_per_workload": args.prompts, "max_tokens": args.max_tokens, "greedy": True, "batch": 1,
