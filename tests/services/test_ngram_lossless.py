@@ -81,3 +81,19 @@ def test_sampled_output_distributed_as_the_target(tmp_path):
         counts = np.bincount(outputs[:, position], minlength=16)
         assert chi_square_pvalue(counts, marginals[position]) > ALPHA, f"position {position}"
     assert engine.kv_blocks_used() == {"target": 0}
+
+
+def test_rounds_without_a_match_are_not_taken_as_the_cost_of_k(tiny_pair):
+    """A round where the proposer sent fewer tokens than asked verified fewer rows: the speculation policy must not
+    record its time as what k proposals cost (it would then think speculating is free)."""
+    engine = LocalEngine(tiny_pair["target"], None, num_speculative_tokens=4, dtype="float64", speculation="fixed",
+                         proposer="ngram", ngram_max=64, ngram_min=64)  # a 64-token tail never recurs here
+
+    async def main():
+        result = await engine.generate("a short prompt", SamplingParams(max_tokens=12, ignore_eos=True))
+        await engine.coordinator.wait_idle()
+        return result
+
+    result = asyncio.run(main())
+    assert result.stats.rounds == 11 and result.stats.draft_tokens == 0  # every round asked for 4, got none
+    assert all(4 not in costs.verify for costs in engine.coordinator.policy.buckets.values())
