@@ -53,3 +53,11 @@ def test_bad_ngram_values_are_refused(values, message):
     with pytest.raises((helm_python.HelmValuesError, helm_python.HelmRenderError)) as refused:
         render(values)
     assert message in str(refused.value)
+
+
+def test_notes_name_the_ngram_proposer():
+    from chart_render import notes
+
+    text = notes({"draft": {"proposer": "ngram"}, "canary": {"enabled": True, "model": "qwen2.5-coder-1.5b-instruct"}})
+    assert "draft   n-gram proposer 4..1, no model" in text and "canary  qwen2.5-coder-1.5b-instruct" in text
+    assert "canary  n-gram proposer 3..1" in notes({"canary": {"enabled": True, "proposer": "ngram", "ngram": {"max": 3}}})
