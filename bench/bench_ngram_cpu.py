@@ -57,10 +57,10 @@ def workloads(n: int) -> dict[str, list[tuple[str, bool]]]:
         problems = [json.loads(line) for line in lines if line.strip()]
     # Functions of a few hundred characters (about 100-200 tokens): the answer fills the token budget.
     functions = [f for f in (p["prompt"] + p["canonical_solution"] for p in problems) if 400 <= len(f) <= 800][:n]
-    return {
+    return {  # editing first: the workload prompt lookup is for
+        "edit": [(EDIT_INSTRUCTION.format(code=f), True) for f in functions],
         "code": [(p["prompt"], False) for p in humaneval_prompts(n)],
         "prose": [(p["prompt"], False) for p in shakespeare_prompts(n, 600, seed=0)],
-        "edit": [(EDIT_INSTRUCTION.format(code=f), True) for f in functions],
     }
 
 
@@ -94,6 +94,37 @@ def summary(results) -> dict:
         "completion_tokens": sum(len(r.token_ids) for r in results),
         "drafted": drafted, "accepted": accepted, "rounds": rounds,
     }
+
+
+def report(results: dict, args, final: bool) -> None:
+    """Rows from the runs so far (every finished workload), printed and written; rewritten after each workload, so
+    a run cut short keeps what it measured."""
+    results = {key: rs for key, rs in results.items() if rs}
+    rows = [{"config": name, "workload": workload, **summary(rs)} for (name, workload), rs in results.items()]
+    outputs = {key: [r.token_ids for r in rs] for key, rs in results.items()}
+
+    baseline = {row["workload"]: row["decode_tokens_per_s"] for row in rows if row["config"] == "target only (packed)"}
+    for row in rows:
+        row["speedup_vs_target_only"] = round(row["decode_tokens_per_s"] / baseline[row["workload"]], 3)
+        row["output_identical_to_target_only"] = (outputs[row["config"], row["workload"]]
+                                                  == outputs["target only (packed)", row["workload"]])
+    if final:
+        print_table(rows, ["workload", "config", "acceptance_rate", "accepted_per_proposing_round", "rounds_with_proposal",
+                           "tokens_per_round", "decode_tokens_per_s", "speedup_vs_target_only",
+                           "output_identical_to_target_only"])
+    path = write_results("ngram_cpu", rows, {
+        "models": {"target": args.target, "draft": args.draft, "dtype": "float32",
+                   "weights": "target packed (dense in the 'dense, after' row), draft int8"},
+        "ngram": {"max": args.ngram_max, "min": args.ngram_min},
+        "complete": final, "prompts_per_workload": args.prompts, "max_tokens": args.max_tokens, "greedy": True, "batch": 1,
+        "edit_instruction": EDIT_INSTRUCTION,
+        "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+        "note": "decode_tokens_per_s excludes each request's first token (its prompt's prefill); configurations "
+                "interleaved per prompt on one loaded target (packed weights); speedup_vs_target_only is against the "
+                "packed target-only row of the same run; the dense target-only row ran afterwards, alone. One shared "
+                "2-core machine with other work beside it: ratios within this run are what the numbers are for",
+    })
+    print(f"wrote {path}", flush=True)
 
 
 def main() -> None:
@@ -140,6 +171,7 @@ def main() -> None:
             for name, coordinator, k in configs:
                 results[name, workload] += run(coordinator, tokenizer, [prompt], args.max_tokens, k)
         print(f"{workload} done", flush=True)
+        report(results, args, final=False)
     del engine, configs, every
     gc.collect()
     if args.dense_baseline:  # the target alone in its fastest layout for one row, after the rest (not interleaved)
@@ -147,30 +179,7 @@ def main() -> None:
         run(alone.coordinator, tokenizer, loads["code"][:1], 4, 0)
         for workload, prompts in loads.items():
             results["target only (dense, after)", workload] = run(alone.coordinator, tokenizer, prompts, args.max_tokens, 0)
-    rows = [{"config": name, "workload": workload, **summary(rs)} for (name, workload), rs in results.items()]
-    outputs = {key: [r.token_ids for r in rs] for key, rs in results.items()}
-
-    baseline = {row["workload"]: row["decode_tokens_per_s"] for row in rows if row["config"] == "target only (packed)"}
-    for row in rows:
-        row["speedup_vs_target_only"] = round(row["decode_tokens_per_s"] / baseline[row["workload"]], 3)
-        row["output_identical_to_target_only"] = (outputs[row["config"], row["workload"]]
-                                                  == outputs["target only (packed)", row["workload"]])
-    print_table(rows, ["workload", "config", "acceptance_rate", "accepted_per_proposing_round", "rounds_with_proposal",
-                       "tokens_per_round", "decode_tokens_per_s", "speedup_vs_target_only",
-                       "output_identical_to_target_only"])
-    path = write_results("ngram_cpu", rows, {
-        "models": {"target": args.target, "draft": args.draft, "dtype": "float32",
-                   "weights": "target packed (dense in the 'dense, after' row), draft int8"},
-        "ngram": {"max": args.ngram_max, "min": args.ngram_min},
-        "prompts_per_workload": args.prompts, "max_tokens": args.max_tokens, "greedy": True, "batch": 1,
-        "edit_instruction": EDIT_INSTRUCTION,
-        "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
-        "note": "decode_tokens_per_s excludes each request's first token (its prompt's prefill); configurations "
-                "interleaved per prompt on one loaded target (packed weights); speedup_vs_target_only is against the "
-                "packed target-only row of the same run; the dense target-only row ran afterwards, alone. One shared "
-                "2-core machine with other work beside it: ratios within this run are what the numbers are for",
-    })
-    print(f"wrote {path}")
+    report(results, args, final=True)
 
 
 if __name__ == "__main__":
