@@ -15,6 +15,7 @@ from typing import Any
 import kopf
 
 from specsplit.operator import grpc_security, naming
+from specsplit.operator.draft_source import draft_flags, is_ngram
 from specsplit.operator.spec import DeploymentSpec, InternalTLS, Resources, RoleSpec
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -124,7 +125,9 @@ def coordinator_command(instance: str, spec: DeploymentSpec) -> list[str]:
 
 
 def worker_command(role: str, model: str, tensor_parallel_size: int, tls: InternalTLS | None = None) -> list[str]:
-    command = ["specsplit", role, "--model", model,
+    """`model`: for a draft, what its pool runs (draft_source.py): a model, or the n-gram proposer's flags."""
+    source = draft_flags(model) if role == naming.DRAFT else ["--model", model]
+    command = ["specsplit", role, *source,
                "--port", str(naming.GRPC_PORT), "--metrics-port", str(naming.METRICS_PORT)]
     if tensor_parallel_size > 1:  # one process per GPU of the pod; this one serves as rank 0
         command += ["--tensor-parallel-size", str(tensor_parallel_size)]
@@ -153,9 +156,12 @@ def worker_deployment(instance: str, spec: DeploymentSpec, component: str, role:
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     secret_volumes, secret_mounts = grpc_security.worker_volumes(spec.tls)
+    resources = role.resources
+    if command_role == naming.DRAFT and is_ngram(model):  # no model: no GPU, whatever the model draft pool takes
+        resources = dataclasses.replace(resources, gpus=0)
     return _deployment(instance, spec, component, replicas=replicas,
                        command=worker_command(command_role, model, role.tensor_parallel_size, spec.tls),
-                       resources=role.resources, extra_volumes=volumes + secret_volumes,
+                       resources=resources, extra_volumes=volumes + secret_volumes,
                        extra_mounts=mounts + secret_mounts,
                        health_check=grpc_security.health_check(tls_served=spec.tls is not None),
                        node_selector=role.node_selector, tolerations=role.tolerations, affinity=role.affinity,

@@ -15,6 +15,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from specsplit.operator.draft_source import (DEFAULT_NGRAM_MAX, DEFAULT_NGRAM_MIN, PROPOSERS, is_ngram,
+                                             ngram_source)
+
 TARGET_METRICS = ("kvUtilization", "verifyQueueDepth")
 DRAFT_METRICS = ("proposeQueueDepth", "proposeLatencySeconds")
 PROMOTION_METRICS = ("tokensPerSecond", "acceptanceRate")
@@ -47,6 +50,8 @@ ENV_SOURCES = {"fieldRef": ("fieldPath", ("apiVersion", "fieldPath")),
                "secretKeyRef": ("key", ("name", "key", "optional"))}
 
 DEFAULT_K = 4
+# A draft's or canary's `model` field holds what its pool runs: a model name, or the n-gram proposer as
+# `ngram:MAX:MIN` (draft_source.py), so rollouts compare and record either the same way.
 DEFAULT_TARGET_METRICS = {"kvUtilization": 0.8, "verifyQueueDepth": 4.0}
 DEFAULT_DRAFT_METRICS = {"proposeQueueDepth": 4.0}
 
@@ -320,10 +325,28 @@ def _env(fields: _Fields, key: str) -> tuple[dict[str, Any], ...]:
     return tuple(copy.deepcopy(dict(item)) for item in raw if isinstance(item, Mapping))
 
 
+def _draft_source(fields: _Fields) -> str:
+    """A draft or canary's `model`, or with `proposer: ngram` the n-gram proposer (draft_source.py): no model."""
+    proposer = fields.string("proposer", "model", choices=PROPOSERS)
+    if proposer != "ngram":
+        if fields.has("ngram"):
+            fields.errors.append(f"{fields.path}.ngram: only with proposer: ngram")
+        return fields.string("model")
+    if fields.has("model"):
+        fields.errors.append(f"{fields.path}.model: the n-gram proposer runs no model; leave it out")
+    sizes = fields.child("ngram")
+    sizes.only("max", "min")
+    most = sizes.integer("max", DEFAULT_NGRAM_MAX, low=1, high=64)
+    fewest = sizes.integer("min", DEFAULT_NGRAM_MIN, low=1, high=64)
+    if fewest > most:
+        fields.errors.append(f"{sizes.path}: min ({fewest}) must not exceed max ({most})")
+    return ngram_source(most, fewest)
+
+
 def _role(fields: _Fields, role: str, metrics: tuple[str, ...], default_targets: Mapping[str, float]) -> RoleSpec:
     fields.only("model", "replicas", "resources", "tensorParallelSize", "nodeSelector", "tolerations", "affinity",
-                "env", "autoscaling")
-    model = fields.string("model")
+                "env", "autoscaling", *(("proposer", "ngram") if role == "draft" else ()))
+    model = _draft_source(fields) if role == "draft" else fields.string("model")
     replicas_fields = fields.child("replicas")
     replicas_fields.only("min", "max")
     fewest = replicas_fields.integer("min", 1, low=1, high=1000)
@@ -331,7 +354,9 @@ def _role(fields: _Fields, role: str, metrics: tuple[str, ...], default_targets:
     if fewest > most:
         fields.errors.append(f"{fields.path}.replicas: min ({fewest}) must not exceed max ({most})")
     tp = fields.integer("tensorParallelSize", 1, low=1, high=16)
-    resources = _resources(fields.child("resources"), default_gpus=tp)
+    if is_ngram(model) and tp != 1:
+        fields.errors.append(f"{fields.path}.tensorParallelSize: the n-gram proposer has no model to shard; must be 1")
+    resources = _resources(fields.child("resources"), default_gpus=0 if is_ngram(model) else tp)
     if resources.gpus == 0 and tp > 1:
         fields.errors.append(f"{fields.path}.resources.gpus: tensor parallelism needs one GPU per shard; "
                              f"set gpus >= {tp} or tensorParallelSize: 1")
@@ -360,8 +385,8 @@ def _role(fields: _Fields, role: str, metrics: tuple[str, ...], default_targets:
 
 
 def _canary(fields: _Fields) -> CanarySpec:
-    fields.only("model", "weight", "replicas", "promotion")
-    model = fields.string("model")
+    fields.only("model", "weight", "replicas", "promotion", "proposer", "ngram")
+    model = _draft_source(fields)
     weight = fields.integer("weight", 10, low=1, high=100)
     promotion_fields = fields.child("promotion")
     promotion_fields.only("metric", "confidence", "minRequests", "stepPercent", "maxWeight", "intervalSeconds")

@@ -7,6 +7,7 @@ from specsplit.services.coordinator.coordinator import Coordinator, CoordinatorC
 from specsplit.services.coordinator.generation import GenerationRequest, GenerationResult
 from specsplit.services.coordinator.replica_pools import ReplicaPool
 from specsplit.services.coordinator.worker_clients import LocalDraftClient, LocalTargetClient
+from specsplit.services.draft.ngram_proposer import DEFAULT_NGRAM_MAX, DEFAULT_NGRAM_MIN, NgramProposer
 from specsplit.services.draft.proposer import DraftProposer
 from specsplit.services.errors import InvalidArgument
 from specsplit.services.models.loader import LoadedModel, load_model
@@ -52,6 +53,9 @@ class LocalEngine:
         overlap: str | None = None,
         target_tensor_parallel_size: int = 1,
         draft_tensor_parallel_size: int = 1,
+        proposer: str = "model",
+        ngram_max: int = DEFAULT_NGRAM_MAX,
+        ngram_min: int = DEFAULT_NGRAM_MIN,
     ):
         """`synthetic_acceptance`: BENCHMARK ONLY, not lossless (services/target/synthetic_acceptance.py).
         `target_weights` / `draft_weights`: how each model's linear layers hold weights (models/weight_formats.py);
@@ -65,13 +69,20 @@ class LocalEngine:
         two models' calls run one after the other, so "auto" never overlaps; "on" runs the pipelined logic anyway.
         `target_tensor_parallel_size` / `draft_tensor_parallel_size`: shard a model (given by name or folder) over
         that many ranks, this process being rank 0 (runtime/tensor_parallel_launch.py); gloo on the CPU. A sharded
-        model keeps the fixed default layouts (no calibration)."""
+        model keeps the fixed default layouts (no calibration).
+        `proposer`: "model" (the `draft` model proposes) or "ngram" (prompt lookup with tails of `ngram_max` down to
+        `ngram_min` tokens, draft/ngram_proposer.py; `draft` must be None)."""
         if num_speculative_tokens < 0:
             raise InvalidArgument(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
+        if proposer not in ("model", "ngram"):
+            raise InvalidArgument(f"proposer must be 'model' or 'ngram', not {proposer!r}")
+        if proposer == "ngram" and draft is not None:
+            raise InvalidArgument("the n-gram proposer uses no draft model; give draft=None")
+        ngram = proposer == "ngram" and num_speculative_tokens > 0
         speculative = draft is not None and num_speculative_tokens > 0
         runner_options = dict(num_blocks=num_kv_blocks, block_size=block_size, prefix_caching=prefix_caching)
         self.sharded_runners = []
-        target_format = target_weight_request(target_weights, speculative)
+        target_format = target_weight_request(target_weights, speculative or ngram)
         if target_tensor_parallel_size > 1:
             self.target_runner = self._sharded(target, target_tensor_parallel_size, "target", dtype, device,
                                                target_format, runner_options)
@@ -87,7 +98,7 @@ class LocalEngine:
             else:
                 self.draft = draft if isinstance(draft, LoadedModel) else load_model(draft, dtype, device)
             check_compatible(self.target, self.draft)
-        k = num_speculative_tokens if self.draft is not None else 0
+        k = num_speculative_tokens if self.draft is not None or ngram else 0
         self.layouts = {}
         if target_tensor_parallel_size <= 1:
             self.layouts["target"] = use_calibrated_layout(self.target, target_weights, "target", role_rows("target", k))
@@ -103,13 +114,16 @@ class LocalEngine:
                 self.draft_runner = ModelRunner(self.draft, **runner_options)
             self.proposer = DraftProposer(self.draft_runner, support_size=draft_support)
             drafts = [ReplicaPool("default", [LocalDraftClient(self.proposer)])]
+        elif ngram:
+            self.proposer = NgramProposer(ngram_max, ngram_min)
+            drafts = [ReplicaPool("default", [LocalDraftClient(self.proposer, name="local-ngram")])]
         if warm_up:
-            k = max(num_speculative_tokens, 1) if self.draft is not None else 0
+            k = max(num_speculative_tokens, 1) if self.proposer is not None else 0
             self.verifier.warm_up(max_k=k)
             if self.proposer is not None:
                 self.proposer.warm_up(max_k=k + 1)  # overlapped rounds also sample the bonus guess
         config = coordinator_config or CoordinatorConfig(speculation=speculation)
-        config.num_speculative_tokens = num_speculative_tokens if self.draft is not None else 0
+        config.num_speculative_tokens = num_speculative_tokens if self.proposer is not None else 0
         if overlap is not None:
             config.overlap = overlap
         self.coordinator = Coordinator(targets, drafts, self.target.tokenizer, self.target.config.eos_token_ids, config)
@@ -126,7 +140,7 @@ class LocalEngine:
 
     def kv_blocks_used(self) -> dict[str, int]:
         used = {"target": self.target_runner.block_manager.num_used_blocks}
-        if self.proposer is not None:
+        if self.draft is not None:
             used["draft"] = self.draft_runner.block_manager.num_used_blocks
         return used
 

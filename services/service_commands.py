@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 
+from specsplit.services.draft.proposer_flags import add_proposer_args, ngram_options, proposer_argv
 from specsplit.services.models.weight_formats import DRAFT_ONLY_FORMATS, WEIGHT_FORMATS
 from specsplit.services.runtime.cpu_threads import add_threads_arg, apply_threads
 from specsplit.services.rpc.security import ChannelSecurity, add_server_tls_args, read_tokens, server_security_from_args
@@ -18,7 +19,8 @@ DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
     for role in ("target", "draft"):
         p = sub.add_parser(role, help=f"run a {role} worker (gRPC)")
-        p.add_argument("--model", required=True, help="a built-in name, a Hugging Face folder or a GGUF file")
+        p.add_argument("--model", required=role == "target",
+                       help="a built-in name, a Hugging Face folder or a GGUF file" + (" (not with --proposer ngram)" if role == "draft" else ""))
         p.add_argument("--host", default="0.0.0.0")
         p.add_argument("--port", type=int, default=50051, help="0 = any free port (printed)")
         p.add_argument("--lease-seconds", type=float, default=600.0, help="free sequences idle this long")
@@ -42,6 +44,8 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
         p.add_argument("--tensor-parallel-size", type=int, default=1,
                        help="shard the model over this many GPUs, one process each (this one serves as rank 0); "
                        "on the CPU, processes joined by gloo. Must divide the model's attention heads")
+        if role == "draft":
+            add_proposer_args(p)
         add_server_tls_args(p)
         add_metrics_port_arg(p)
         add_model_args(p)
@@ -82,7 +86,8 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
         "request through them, print it and stop",
     )
     s.add_argument("--target", default=DEFAULT_TARGET, help=f"target MODEL (default {DEFAULT_TARGET})")
-    s.add_argument("--draft", default=DEFAULT_DRAFT, help=f"draft MODEL (default {DEFAULT_DRAFT}; 'none' = target-only)")
+    s.add_argument("--draft", default=None, help=f"draft MODEL (default {DEFAULT_DRAFT}; 'none' = target-only; "
+                   "not with --proposer ngram)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=50051, help="the coordinator's port (0 = any)")
     s.add_argument("--metrics-port", type=int, default=9090,
@@ -98,6 +103,7 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
         s.add_argument(f"--{role}-threads", type=int, default=0, metavar="N",
                        help=f"intra-op CPU threads of the {role} process (0 = "
                        + ("1" if role == "coordinator" else "all cores: draft and target take turns within a round") + ")")
+    add_proposer_args(s)
     s.set_defaults(handler=_run_serve)
 
 
@@ -169,6 +175,11 @@ def _run_worker(args) -> int:
                    layout_k=args.layout_k, tensor_parallel_size=args.tensor_parallel_size)
     if args.role == "draft":
         options["draft_support"] = args.draft_support
+        options.update(ngram_options(args))
+        if args.proposer == "ngram" and args.model:
+            raise SystemExit("specsplit: error: --proposer ngram uses no model; leave out --model")
+        if args.proposer == "model" and not args.model:
+            raise SystemExit("specsplit: error: the draft needs --model MODEL (or --proposer ngram)")
     else:
         options["acceptance"] = acceptance_policy_from_args(args)
         if args.synthetic_acceptance is not None:
@@ -218,8 +229,14 @@ def spawn_service(argv: list[str], env=None, stderr=None) -> tuple[subprocess.Po
 
 
 def _run_serve(args) -> int:
+    ngram = ngram_options(args)["proposer"] == "ngram"
+    if ngram and args.draft not in (None, "none", ""):
+        raise SystemExit("specsplit: error: --proposer ngram uses no draft model; leave out --draft")
+    if args.draft is None and not ngram:
+        args.draft = DEFAULT_DRAFT
     if args.draft in ("none", ""):
         args.draft = None
+    speculating = bool(args.draft) or ngram
     k = args.num_speculative_tokens if args.num_speculative_tokens is not None else 4
     model_flags = ["--dtype", args.dtype, "--device", args.device, "--block-size", str(args.block_size)]
     worker_metrics = ["--metrics-port", "0" if args.metrics_port >= 0 else "-1"]
@@ -230,16 +247,17 @@ def _run_serve(args) -> int:
     acceptance_policy_from_args(args)  # refuse bad values before anything starts
     processes = []
     try:
-        print(f"starting target ({args.target})" + (f" and draft ({args.draft})" if args.draft else "") + " ...", file=sys.stderr)
+        drafting = f" and draft ({args.draft})" if args.draft else " and the n-gram proposer" if ngram else ""
+        print(f"starting target ({args.target}){drafting} ...", file=sys.stderr)
         # An auto target layout is measured for the rows it runs: k+1 to verify, 1 to decode alone.
         target, target_addr = spawn_service(["target", "--model", args.target, "--host", "127.0.0.1", "--port", "0",
-                                             "--weights", args.target_weights, "--layout-k", str(k if args.draft else 0),
+                                             "--weights", args.target_weights, "--layout-k", str(k if speculating else 0),
                                              "--threads", str(args.target_threads), *model_flags, *worker_metrics,
                                              *acceptance_argv(args),
                                              "--tensor-parallel-size", str(args.target_tensor_parallel_size)])
         processes.append(target)
         coordinator_argv = ["coordinator", "--target", target_addr, "--host", args.host, "--port", str(args.port),
-                            "-k", str(k if args.draft else 0), "--metrics-port", str(args.metrics_port),
+                            "-k", str(k if speculating else 0), "--metrics-port", str(args.metrics_port),
                             "--speculation", args.speculation, "--overlap", args.overlap,
                             "--threads", str(args.coordinator_threads)]
         if not args.logprobs_while_speculating:
@@ -249,6 +267,11 @@ def _run_serve(args) -> int:
                                                "--weights", args.draft_weights, "--layout-k", str(k),
                                                "--threads", str(args.draft_threads), *model_flags, *worker_metrics,
                                                "--tensor-parallel-size", str(args.draft_tensor_parallel_size)])
+            processes.append(draft)
+            coordinator_argv += ["--draft", draft_addr]
+        elif ngram:
+            draft, draft_addr = spawn_service(["draft", *proposer_argv(args), "--host", "127.0.0.1", "--port", "0",
+                                               *worker_metrics])
             processes.append(draft)
             coordinator_argv += ["--draft", draft_addr]
         coordinator, address = spawn_service(coordinator_argv)

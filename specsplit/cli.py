@@ -97,6 +97,7 @@ def result_json(result) -> dict:
 
 async def _generate_local(args) -> int:
     from specsplit.services.coordinator.coordinator import CoordinatorConfig
+    from specsplit.services.draft.proposer_flags import ngram_options
     from specsplit.services.local_engine import LocalEngine
     from specsplit.services.target.acceptance_flags import acceptance_policy_from_args
 
@@ -107,7 +108,7 @@ async def _generate_local(args) -> int:
         target_weights=args.target_weights, draft_weights=args.draft_weights,
         target_tensor_parallel_size=args.target_tensor_parallel_size,
         draft_tensor_parallel_size=args.draft_tensor_parallel_size,
-        acceptance=acceptance_policy_from_args(args),
+        acceptance=acceptance_policy_from_args(args), **ngram_options(args),
         coordinator_config=CoordinatorConfig(speculation=args.speculation, overlap=args.overlap,
                                              logprobs_while_speculating=args.logprobs_while_speculating),
     )
@@ -168,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_acceptance_args(gen, deployment=False)
     add_logprobs_switch_arg(gen)
     add_speculation_arg(gen)
+    from specsplit.services.draft.proposer_flags import add_proposer_args
+
+    add_proposer_args(gen)  # --local
     gen.set_defaults(handler=_cmd_generate)
 
     from specsplit.services.service_commands import add_service_commands
@@ -188,7 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _cmd_generate(args) -> int:
     if args.local:
         if not args.target:
-            raise SystemExit("--local needs --target MODEL (and --draft MODEL to speculate)")
+            raise SystemExit("--local needs --target MODEL (and --draft MODEL or --proposer ngram to speculate)")
+        if args.proposer == "ngram" and args.draft:
+            raise SystemExit("specsplit: error: --proposer ngram uses no draft model; leave out --draft")
         return asyncio.run(_generate_local(args))
     from specsplit.client import generate_from_cli
 

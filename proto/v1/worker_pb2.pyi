@@ -188,7 +188,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("role", "model", "vocab_size", "max_model_len", "kv_blocks_total", "kv_blocks_used", "block_size", "sequences", "queue_depth", "eos_token_ids", "model_path", "sequences_prefilled")
+    __slots__ = ("role", "model", "vocab_size", "max_model_len", "kv_blocks_total", "kv_blocks_used", "block_size", "sequences", "queue_depth", "eos_token_ids", "model_path", "sequences_prefilled", "proposer")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +201,7 @@ class WorkerInfo(_message.Message):
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     SEQUENCES_PREFILLED_FIELD_NUMBER: _ClassVar[int]
+    PROPOSER_FIELD_NUMBER: _ClassVar[int]
     role: str
     model: str
     vocab_size: int
@@ -213,4 +214,5 @@ class WorkerInfo(_message.Message):
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
     model_path: str
     sequences_prefilled: int
-    def __init__(self, role: _Optional[str] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., block_size: _Optional[int] = ..., sequences: _Optional[int] = ..., queue_depth: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., model_path: _Optional[str] = ..., sequences_prefilled: _Optional[int] = ...) -> None: ...
+    proposer: str
+    def __init__(self, role: _Optional[str] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., block_size: _Optional[int] = ..., sequences: _Optional[int] = ..., queue_depth: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., model_path: _Optional[str] = ..., sequences_prefilled: _Optional[int] = ..., proposer: _Optional[str] = ...) -> None: ...

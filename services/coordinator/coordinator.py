@@ -366,7 +366,10 @@ class Coordinator:
         for sequence, pre_proposal in pre_proposals.items():
             if isinstance(pre_proposal, Exception) and not sequence.finished:
                 self._on_draft_error(sequence, pre_proposal)
-        clean = self._round_alone and all(n in (0, k) for n in k_of.values())
+        # A clean round of one k measures its cost; not one where a proposer sent fewer than asked (an n-gram
+        # lookup without a match): that verification cost less than k proposals do.
+        short = any(len(proposal.token_ids) < k_of[s] for s, proposal in proposals.items())
+        clean = self._round_alone and not short and all(n in (0, k) for n in k_of.values())
         if clean and not overlap and not pre_proposed:  # a serial round of one k: its cost
             self.policy.record_costs(batch, k, proposed - started, verified - proposed)
         elif clean and ahead_calls:

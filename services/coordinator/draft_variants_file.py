@@ -3,6 +3,12 @@
     {"variants": [{"name": "stable", "weight": 90, "addresses": ["coder-draft:50051"]},
                   {"name": "canary", "weight": 10, "addresses": ["coder-draft-canary:50051"]}]}
 
+A variant may name its proposer: "model" (the default: its addresses serve a draft model) or "ngram" (prompt lookup,
+draft/ngram_proposer.py), with optional "ngram_max" and "ngram_min". An n-gram variant without addresses runs in the
+coordinator itself (it needs no model and no device); with addresses, they are `specsplit draft --proposer ngram`
+services, and a replica that describes itself as another kind is refused. So an n-gram variant can be a canary
+beside a model draft, its acceptance and speed in the same per-variant metrics.
+
 Polled every couple of seconds (a ConfigMap update swaps the file, changing its inode or mtime). On a change:
 weights update at once; a new variant gets a pool at once and replicas as they answer (connecting never blocks
 routing: a pool with no live replica is not chosen); a removed variant, or a removed address, stops receiving new
@@ -18,9 +24,13 @@ import os
 from dataclasses import dataclass
 
 from specsplit.services.coordinator.replica_pools import ReplicaPool
+from specsplit.services.draft.ngram_proposer import DEFAULT_NGRAM_MAX, DEFAULT_NGRAM_MIN, check_ngram_range
 from specsplit.services.errors import InvalidArgument
 
 log = logging.getLogger(__name__)
+
+
+PROPOSER_KINDS = ("model", "ngram")
 
 
 @dataclass(frozen=True)
@@ -28,6 +38,14 @@ class DraftVariantSpec:
     name: str
     weight: float
     addresses: tuple[str, ...]
+    proposer: str = "model"
+    ngram_max: int = DEFAULT_NGRAM_MAX
+    ngram_min: int = DEFAULT_NGRAM_MIN
+
+    @property
+    def in_process(self) -> bool:
+        """An n-gram variant without addresses: proposed by the coordinator itself."""
+        return self.proposer == "ngram" and not self.addresses
 
 
 def parse_draft_variants(text: str) -> list[DraftVariantSpec]:
@@ -51,7 +69,24 @@ def parse_draft_variants(text: str) -> list[DraftVariantSpec]:
         addresses = entry.get("addresses", [])
         if not isinstance(addresses, list) or not all(isinstance(a, str) and a.rpartition(":")[2].isdigit() for a in addresses):
             raise InvalidArgument(f"variant '{name}': addresses must be a list of HOST:PORT")
-        specs.append(DraftVariantSpec(name, float(weight), tuple(addresses)))
+        proposer = entry.get("proposer", "model")
+        if proposer not in PROPOSER_KINDS:
+            raise InvalidArgument(f"variant '{name}': proposer must be one of {', '.join(PROPOSER_KINDS)}, got {proposer!r}")
+        sizes = {}
+        for key in ("ngram_max", "ngram_min"):
+            if key in entry:
+                if proposer != "ngram":
+                    raise InvalidArgument(f"variant '{name}': {key} is for proposer 'ngram' only")
+                if isinstance(entry[key], bool) or not isinstance(entry[key], int):
+                    raise InvalidArgument(f"variant '{name}': {key} must be an integer, got {entry[key]!r}")
+                sizes[key] = entry[key]
+        spec = DraftVariantSpec(name, float(weight), tuple(addresses), proposer, **sizes)
+        if proposer == "ngram":
+            try:
+                check_ngram_range(spec.ngram_max, spec.ngram_min)
+            except InvalidArgument as error:
+                raise InvalidArgument(f"variant '{name}': {error}") from None
+        specs.append(spec)
     return specs
 
 
@@ -72,6 +107,8 @@ class DraftVariantsWatcher:
         self.resolve = resolve
         self.poll_seconds = poll_seconds
         self.desired: dict[str, tuple[float, list[str]]] = {}  # variant -> (weight, replica addresses)
+        self.in_process: dict[str, DraftVariantSpec] = {}  # n-gram variants the coordinator proposes for itself
+        self.kinds: dict[str, str] = {}  # variant -> the proposer kind its replicas must serve
         self._signature = None
         self._connecting: dict[tuple[str, str], asyncio.Task] = {}
         self._retiring: list[tuple[ReplicaPool, object]] = []  # (pool, client) to close once nothing is pinned to it
@@ -104,6 +141,8 @@ class DraftVariantsWatcher:
             resolved = await asyncio.gather(*(loop.run_in_executor(None, self.resolve, a) for a in spec.addresses))
             desired[spec.name] = (spec.weight, sorted({r for rs in resolved for r in rs}))
         self.desired = desired
+        self.in_process = {spec.name: spec for spec in specs if spec.in_process}
+        self.kinds = {spec.name: spec.proposer for spec in specs}
         log.info("draft variants: %s", {name: weight for name, (weight, _) in desired.items()})
         self._reconcile()
 
@@ -131,8 +170,16 @@ class DraftVariantsWatcher:
                 pool = ReplicaPool(name, [], weight)
                 self.coordinator.drafts.append(pool)
             pool.weight = weight
+            local = self.in_process.get(name)
+            if local is not None:
+                addresses = [_in_process_name(local)]
             self._retire(pool, [c for c in pool.replicas if c.name not in addresses])
             present = {c.name for c in pool.replicas}
+            if local is not None:
+                if addresses[0] not in present:
+                    pool.replicas.append(_in_process_ngram(local))
+                    log.info("draft variant %s: n-gram proposer in the coordinator (%s)", name, addresses[0])
+                continue
             for address in addresses:
                 key = (name, address)
                 if address not in present and key not in self._connecting:
@@ -156,6 +203,11 @@ class DraftVariantsWatcher:
         if pool is None or name not in self.desired or address not in self.desired[name][1]:
             await _close(client)  # the file changed while it was connecting
             return
+        declared, served = self.kinds.get(name, "model"), getattr(client, "proposer_kind", "model")
+        if declared != served:
+            log.warning("draft %s serves proposer %r, but variant %s declares %r: not used", address, served, name, declared)
+            await _close(client)
+            return
         pool.down.discard(client.name)
         pool.replicas.append(client)
         log.info("draft %s joined variant %s", address, name)
@@ -173,6 +225,17 @@ class DraftVariantsWatcher:
             # A removed variant's pool stays until its sequences are done: they unpin through it.
             if pool.name not in self.desired and not pool.replicas and id(pool) not in busy:
                 self.coordinator.drafts.remove(pool)
+
+
+def _in_process_name(spec: DraftVariantSpec) -> str:
+    return f"in-process-ngram[{spec.ngram_min}-{spec.ngram_max}]"
+
+
+def _in_process_ngram(spec: DraftVariantSpec):
+    from specsplit.services.coordinator.worker_clients import LocalDraftClient
+    from specsplit.services.draft.ngram_proposer import NgramProposer
+
+    return LocalDraftClient(NgramProposer(spec.ngram_max, spec.ngram_min), name=_in_process_name(spec))
 
 
 def _signature(path: str):
@@ -202,7 +265,7 @@ async def start_draft_variants_watcher(
         client = GrpcDraftClient(address, security=security)
         try:
             await client.connect(timeout=min(connect_timeout, 10.0))
-            if client.vocab_size != vocab:
+            if client.vocab_size and client.vocab_size != vocab:  # 0: any vocabulary (n-gram proposer)
                 raise InvalidArgument(
                     f"mismatched vocabularies: draft {address} has {client.vocab_size} tokens, target has {vocab}"
                 )

@@ -73,6 +73,11 @@ class _GrpcWorkerClient:
     def max_model_len(self) -> int:
         return self.info.max_model_len
 
+    @property
+    def proposer_kind(self) -> str:
+        """A draft's proposer: "model" or "ngram" (older workers say nothing: "model")."""
+        return self.info.proposer or "model"
+
     async def connect(self, timeout: float = 120.0) -> "_GrpcWorkerClient":
         """Wait until the worker answers Describe (it may still be loading its model)."""
         deadline = asyncio.get_running_loop().time() + timeout

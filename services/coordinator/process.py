@@ -42,7 +42,7 @@ async def connect_pools(target_addresses, draft_variants, connect_timeout, secur
         raise InvalidArgument(f"target replicas disagree on the vocabulary: {sorted(vocab)}")
     for name, _, clients in drafts:
         for c in clients:
-            if c.vocab_size != targets[0].vocab_size:
+            if c.vocab_size and c.vocab_size != targets[0].vocab_size:  # 0: any vocabulary (n-gram proposer)
                 raise InvalidArgument(
                     f"mismatched vocabularies: draft {c.address} ({name}) has {c.vocab_size} tokens, target has {targets[0].vocab_size}"
                 )

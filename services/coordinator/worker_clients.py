@@ -37,8 +37,9 @@ class LocalDraftClient:
     def __init__(self, proposer: DraftProposer, name: str = "local-draft"):
         self.proposer = proposer
         self.name = name
-        self.vocab_size = proposer.runner.vocab_size
-        self.max_model_len = proposer.runner.max_model_len
+        self.vocab_size = proposer.vocab_size  # 0: any vocabulary (the n-gram proposer)
+        self.max_model_len = proposer.max_model_len
+        self.proposer_kind = proposer.kind
 
     async def prefill(self, items):
         return self.proposer.prefill(items)

@@ -56,11 +56,21 @@ class Proposal:
 
 
 class DraftProposer:
+    kind = "model"  # the proposer kind metrics and traces name (the n-gram proposer is "ngram")
+
     def __init__(self, runner: ModelRunner, support_size: int = 32, max_speculative_tokens: int = 16):
         self.runner = runner
         self.sequences = WorkerSequences(runner)
         self.support_size = support_size
         self.max_speculative_tokens = max_speculative_tokens
+
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.vocab_size
+
+    @property
+    def max_model_len(self) -> int:
+        return self.runner.max_model_len
 
     def prefill(self, items: list[DraftPrefill]) -> list[int | Exception]:
         """Run prompts into KV. Returns per item the number of cached tokens, or the error for that item."""

@@ -1,4 +1,8 @@
-"""The draft service: DraftWorker RPCs over the proposer, each `from_pb -> batched step -> to_pb`."""
+"""The draft service: DraftWorker RPCs over the proposer, each `from_pb -> batched step -> to_pb`.
+
+The proposer is a draft model (proposer.py) or the n-gram proposer (ngram_proposer.py, no model); both answer the
+same calls, and Describe says which kind serves (`proposer`), so the coordinator's metrics can tell them apart.
+"""
 
 from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
 from specsplit.services.draft.proposer import DraftProposer
@@ -12,7 +16,7 @@ class DraftService(worker_pb2_grpc.DraftWorkerServicer):
     def __init__(self, proposer: DraftProposer, model_name: str):
         self.proposer = proposer
         self.model_name = model_name
-        self.telemetry = WorkerTelemetry("draft", proposer.runner, proposer.sequences)
+        self.telemetry = WorkerTelemetry("draft", proposer.runner, proposer.sequences, proposer=proposer.kind)
         self.batcher = StepBatcher(
             self.telemetry.instrument({
                 "prefill": proposer.prefill,
@@ -41,7 +45,8 @@ class DraftService(worker_pb2_grpc.DraftWorkerServicer):
         return worker_pb2.ReleaseResponse(released=sum(bool(r) for r in released))
 
     async def Describe(self, request, context):
-        return worker_info("draft", self.model_name, self.proposer.runner, self.proposer.sequences, self.batcher)
+        return worker_info("draft", self.model_name, self.proposer.runner, self.proposer.sequences, self.batcher,
+                           proposer=self.proposer.kind, max_model_len=self.proposer.max_model_len)
 
     def add_to(self, server) -> None:
         worker_pb2_grpc.add_DraftWorkerServicer_to_server(self, server)

@@ -3,7 +3,12 @@
 from specsplit.proto.v1 import worker_pb2
 
 
-def worker_info(role, model_name, runner, sequences, batcher) -> worker_pb2.WorkerInfo:
+def worker_info(role, model_name, runner, sequences, batcher, proposer: str = "", max_model_len: int = 0) -> worker_pb2.WorkerInfo:
+    """`runner` None: a draft without a model (the n-gram proposer), which holds no KV and takes any vocabulary."""
+    if runner is None:
+        return worker_pb2.WorkerInfo(role=role, model=model_name, vocab_size=0, max_model_len=max_model_len,
+                                     sequences=len(sequences), queue_depth=batcher.queue_depth,
+                                     sequences_prefilled=sequences.created_total, proposer=proposer)
     manager = runner.block_manager
     return worker_pb2.WorkerInfo(
         role=role,
@@ -18,4 +23,5 @@ def worker_info(role, model_name, runner, sequences, batcher) -> worker_pb2.Work
         eos_token_ids=list(runner.config.eos_token_ids),
         model_path=runner.loaded.path,
         sequences_prefilled=sequences.created_total,
+        proposer=proposer,
     )

@@ -17,10 +17,17 @@ log = logging.getLogger(__name__)
 
 def build_worker_service(role: str, model: str, dtype="float32", device="cpu", num_kv_blocks=None, block_size=16, draft_support=32,
                          synthetic_acceptance=None, weight_format="auto", prefix_caching=True, warm_up_k=4, acceptance=None,
-                         layout_k=4, tensor_parallel_size=1):
+                         layout_k=4, tensor_parallel_size=1, proposer="model", ngram_max=None, ngram_min=None):
     """`layout_k`: the proposals per round that an "auto" layout is measured for (0: a target decoding alone).
     `tensor_parallel_size` > 1: this process is rank 0 and serves; the other ranks are its children (a sharded model
-    keeps the fixed default layouts)."""
+    keeps the fixed default layouts). `proposer` "ngram": a draft that looks proposals up, with no model."""
+    if role == "draft" and proposer == "ngram":  # prompt lookup: no model to load
+        from specsplit.services.draft.ngram_proposer import NgramProposer
+        from specsplit.services.draft.server import DraftService
+
+        sizes = {k: v for k, v in (("max_n", ngram_max), ("min_n", ngram_min)) if v is not None}
+        ngram = NgramProposer(**sizes)
+        return DraftService(ngram, f"ngram[{ngram.min_n}-{ngram.max_n}]"), "specsplit.v1.DraftWorker"
     if tensor_parallel_size > 1:
         from specsplit.services.models.weight_formats import target_weight_request
         from specsplit.services.runtime.tensor_parallel_launch import start_tensor_parallel_runner

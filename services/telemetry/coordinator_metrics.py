@@ -11,6 +11,8 @@ accepted proposals: "rejection", lossless, or "typical", NOT lossless, so the tw
   specsplit_mean_accepted_length{variant,method}  tokens emitted per speculative round (accepted + 1)
   specsplit_system_efficiency{variant,method}     emitted / ((k+1) per round)
   specsplit_requests_total{variant,finish_reason}
+  specsplit_draft_variant_proposer{variant,proposer}  1 per configured variant, its replicas' proposer kind
+                                                ("model" or "ngram"), to join the variant series on
   specsplit_stage_latency_seconds{stage}        prefill / propose / verify worker calls, as round trips
   specsplit_speculation_length                  k the speculation policy chose per round (0 = plain decoding)
   specsplit_round_seconds{variant}              one sequence's round: time between its commits
@@ -154,4 +156,17 @@ class _SpeculationCollector:
         queue.add_metric(["coordinator"], len(coordinator.waiting))
         running = gauge("specsplit_running_sequences", "Requests decoding", ("role",))
         running.add_metric(["coordinator"], len(coordinator.running))
-        yield from (drafted, accepted, rounds, drafted_at, accepted_at, requests, rate, rate_at, length, efficiency, queue, running)
+        proposers = gauge("specsplit_draft_variant_proposer", "A draft variant's proposer kind: model or ngram (1)",
+                          ("variant", "proposer"))
+        for pool in list(coordinator.drafts):
+            for kind in sorted({_proposer_kind(r) for r in pool.replicas} - {None}):
+                proposers.add_metric([pool.name, kind], 1)
+        yield from (drafted, accepted, rounds, drafted_at, accepted_at, requests, rate, rate_at, length, efficiency, queue,
+                    running, proposers)
+
+
+def _proposer_kind(replica) -> str | None:
+    """"model" or "ngram"; None for a gRPC replica that has not described itself yet."""
+    if getattr(replica, "info", True) is None:
+        return None
+    return getattr(replica, "proposer_kind", "model")

@@ -71,6 +71,7 @@ class CoordinatorTelemetry:
             "gen_ai.response.finish_reasons": [sequence.finish_reason or ""],
             "gen_ai.usage.output_tokens": len(sequence.generated),
             "specsplit.draft_variant": sequence.draft_variant,
+            "specsplit.proposer": getattr(sequence.draft, "proposer_kind", "model") if sequence.draft_variant else "none",
             "specsplit.rounds": stats.rounds,
             "specsplit.drafted_tokens": stats.draft_tokens,
             "specsplit.accepted_tokens": stats.accepted_tokens,
@@ -126,6 +127,8 @@ class CoordinatorTelemetry:
                 "server.address": getattr(client, "name", ""), "specsplit.batch_size": len(items),
                 "specsplit.draft_variant": sequence.draft_variant,
             }
+            if role == "draft":  # "model" or "ngram" (prompt lookup)
+                attributes["specsplit.proposer"] = getattr(client, "proposer_kind", "model")
             k = getattr(item, "k", None)
             if k is None and hasattr(item, "draft_token_ids"):
                 k = len(item.draft_token_ids)

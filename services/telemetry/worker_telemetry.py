@@ -50,8 +50,11 @@ class ForwardClock:
 
 
 class WorkerTelemetry:
-    def __init__(self, role: str, runner, sequences, registry: CollectorRegistry | None = None):
+    def __init__(self, role: str, runner, sequences, registry: CollectorRegistry | None = None, proposer: str = ""):
+        """`proposer`: a draft's proposer kind ("model" or "ngram"), exported as specsplit_draft_proposer{proposer}
+        and on the draft's spans; `runner` None: a draft without a model (no KV gauges)."""
         self.role = role
+        self.proposer = proposer
         self.runner = runner
         self.sequences = sequences
         self.batcher = None
@@ -70,7 +73,7 @@ class WorkerTelemetry:
         self.registry.register(_WorkerGauges(self))
         for stage in ("prefill", "score", "verify") if role == "target" else ("prefill", "propose"):
             self.stage_latency.labels(stage)  # every series exists from the start, at zero
-        self.clock = ForwardClock(runner) if role == "target" else None
+        self.clock = ForwardClock(runner) if role == "target" and runner is not None else None
         self._arrivals: dict[int, tuple] = {}  # id(item) -> (its request's context or None, arrival ns)
 
     def watch(self, batcher) -> None:
@@ -141,7 +144,8 @@ class WorkerTelemetry:
             context=trace.set_span_in_context(trace.INVALID_SPAN),  # its own trace: it serves many
             links=[Link(c) for c in sampled],
             start_time=start,
-            attributes={"specsplit.step.kind": kind, "specsplit.batch_size": len(items), "specsplit.role": self.role},
+            attributes={"specsplit.step.kind": kind, "specsplit.batch_size": len(items), "specsplit.role": self.role,
+                        **({"specsplit.proposer": self.proposer} if self.proposer else {})},
         )
         step.end(end_time=end)
         back = [Link(step.get_span_context())]
@@ -150,6 +154,8 @@ class WorkerTelemetry:
                 continue
             attributes = {"specsplit.batch_size": len(items), "specsplit.queue_wait_s": max(0, start - arrived) / 1e9}
             attributes.update(_item_attributes(item, result))
+            if self.proposer:
+                attributes["specsplit.proposer"] = self.proposer
             for stage, (s, e) in stages.items():
                 span = tracer.start_span(stage, context=context, links=back, start_time=s, attributes=attributes)
                 if isinstance(result, Exception):
@@ -180,8 +186,13 @@ class _WorkerGauges:
 
     def collect(self):
         t = self.telemetry
-        manager = t.runner.block_manager
-        used, total = manager.num_used_blocks, manager.num_blocks
+        if t.proposer:
+            kind = GaugeMetricFamily("specsplit_draft_proposer", "The draft's proposer kind (1 for the kind it runs)",
+                                     labels=["role", "proposer"])
+            kind.add_metric([t.role, t.proposer], 1)
+            yield kind
+        manager = t.runner.block_manager if t.runner is not None else None
+        used, total = (manager.num_used_blocks, manager.num_blocks) if manager is not None else (0, 0)
         for name, help_text, value in (
             ("specsplit_kv_blocks_used", "KV cache blocks in use", used),
             ("specsplit_kv_blocks_total", "KV cache blocks in all", total),
@@ -192,7 +203,7 @@ class _WorkerGauges:
             family = GaugeMetricFamily(name, help_text, labels=["role"])
             family.add_metric([t.role], value)
             yield family
-        cache = manager.prefix_cache
+        cache = manager.prefix_cache if manager is not None else None
         if cache is not None:
             for name, help_text, value in (
                 ("specsplit_prefix_cache_queried_tokens", "Prompt tokens looked up in the prefix cache", cache.queried_tokens),

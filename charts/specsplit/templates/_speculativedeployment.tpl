@@ -64,13 +64,18 @@ Takes (dict "ctx" $ "role" "target"|"draft").
 {{- if and (eq .role "draft") (gt $tp (int .ctx.Values.target.tensorParallelSize)) }}
 {{- fail (printf "draft.tensorParallelSize (%d) must not exceed target.tensorParallelSize (%d): the draft is the small model" $tp (int .ctx.Values.target.tensorParallelSize)) }}
 {{- end }}
+
+{{- if eq ($values.proposer | default "model") "ngram" }}
+{{- include "specsplit.cr.ngram" $values }}
+{{- else }}
 model: {{ $values.model | quote }}
+{{- end }}
 replicas:
   min: {{ int $values.replicas.min }}
   max: {{ int $values.replicas.max }}
 tensorParallelSize: {{ $tp }}
 resources:
-  {{- include "specsplit.cr.resources" (dict "resources" $values.resources "path" $path "gpus" true) | trim | nindent 2 }}
+  {{- include "specsplit.cr.resources" (dict "resources" $values.resources "path" $path "gpus" (ne ($values.proposer | default "model") "ngram")) | trim | nindent 2 }}
 {{- with $values.nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
@@ -95,6 +100,17 @@ env:
 {{- with $values.autoscaling }}
 autoscaling:
   {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* The n-gram proposer of a draft or canary block: no model, its tail lengths. Takes the value block. */}}
+{{- define "specsplit.cr.ngram" }}
+proposer: ngram
+ngram:
+  max: {{ int .ngram.max }}
+  min: {{ int .ngram.min }}
+{{- if gt (int .ngram.min) (int .ngram.max) }}
+{{- fail (printf "ngram.min (%d) must not exceed ngram.max (%d)" (int .ngram.min) (int .ngram.max)) }}
 {{- end }}
 {{- end }}
 

@@ -137,3 +137,58 @@ def test_a_broken_edit_keeps_the_last_good_variants(setup):
         assert pools(coordinator) == {"stable": (2.0, ["a:1"])}
 
     asyncio.run(main())
+
+
+def test_ngram_variants_are_checked():
+    specs = parse_draft_variants('{"variants": [{"name": "stable", "addresses": ["d:1"]},'
+                                 ' {"name": "lookup", "weight": 10, "proposer": "ngram", "ngram_max": 3, "ngram_min": 2},'
+                                 ' {"name": "remote", "proposer": "ngram", "addresses": ["n:1"]}]}')
+    assert [(s.name, s.proposer, s.in_process) for s in specs] == [
+        ("stable", "model", False), ("lookup", "ngram", True), ("remote", "ngram", False)]
+    assert (specs[1].ngram_max, specs[1].ngram_min) == (3, 2) and (specs[2].ngram_max, specs[2].ngram_min) == (4, 1)
+    for bad in ['{"variants": [{"name": "a", "proposer": "eagle"}]}',
+                '{"variants": [{"name": "a", "proposer": "ngram", "ngram_max": 1, "ngram_min": 2}]}',
+                '{"variants": [{"name": "a", "proposer": "ngram", "ngram_max": "4"}]}',
+                '{"variants": [{"name": "a", "ngram_max": 4, "addresses": ["d:1"]}]}']:
+        with pytest.raises(InvalidArgument):
+            parse_draft_variants(bad)
+
+
+def test_an_ngram_canary_runs_in_the_coordinator(setup):
+    path, coordinator, watcher, connected, _ = setup
+
+    async def main():
+        write(path, [{"name": "stable", "weight": 90, "addresses": ["a:1"]},
+                     {"name": "lookup", "weight": 10, "proposer": "ngram", "ngram_max": 3}])
+        await settle(watcher)
+        assert pools(coordinator) == {"stable": (90.0, ["a:1"]), "lookup": (10.0, ["in-process-ngram[1-3]"])}
+        (client,) = next(p for p in coordinator.drafts if p.name == "lookup").replicas
+        assert client.proposer_kind == "ngram" and client.proposer.max_n == 3
+        assert [c.name for c in connected] == ["a:1"]  # nothing to connect to for the n-gram variant
+        # Its sizes change: a new proposer; sequences pinned to the old one finish there.
+        pool = next(p for p in coordinator.drafts if p.name == "lookup")
+        pinned = pool.pick()
+        write(path, [{"name": "stable", "weight": 90, "addresses": ["a:1"]},
+                     {"name": "lookup", "weight": 50, "proposer": "ngram", "ngram_max": 5, "ngram_min": 2}])
+        await settle(watcher)
+        assert pools(coordinator)["lookup"] == (50.0, ["in-process-ngram[2-5]"])
+        assert any(c is pinned for _, c in watcher._retiring)
+        pool.unpin(pinned)
+        write(path, [{"name": "stable", "weight": 100, "addresses": ["a:1"]}])  # the canary removed
+        await settle(watcher)
+        await settle(watcher)
+        assert pools(coordinator) == {"stable": (100.0, ["a:1"])}
+
+    asyncio.run(main())
+
+
+def test_a_replica_of_another_proposer_kind_is_refused(setup):
+    path, coordinator, watcher, connected, _ = setup
+
+    async def main():
+        write(path, [{"name": "lookup", "proposer": "ngram", "addresses": ["m:1"]}])
+        await settle(watcher)  # the stand-in replica says nothing of its kind: a model draft
+        assert pools(coordinator) == {"lookup": (1.0, [])}
+        assert connected and connected[0].closed
+
+    asyncio.run(main())
