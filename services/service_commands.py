@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 
+from specsplit.services.coordinator.call_deadlines import add_call_deadline_args, deadline_settings_from_args
 from specsplit.services.models.weight_formats import WEIGHT_FORMATS, target_weight_request
 from specsplit.services.rpc.security import ChannelSecurity, add_server_tls_args, read_tokens, server_security_from_args
 from specsplit.services.target.acceptance_flags import acceptance_argv, acceptance_policy_from_args, add_acceptance_args
@@ -58,6 +59,7 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
     c.add_argument("--disable-speculation-batch-size", type=int, default=0)
     c.add_argument("--replica-recovery-seconds", type=float, default=30.0,
                    help="how long a request waits for a target replica to come back before UNAVAILABLE")
+    add_call_deadline_args(c)
     add_logprobs_switch_arg(c)
     add_server_tls_args(c)
     c.add_argument("--auth-token-file", help="require `authorization: Bearer TOKEN` with a token from this file")
@@ -158,6 +160,7 @@ def _run_coordinator(args) -> int:
         disable_speculation_batch_size=args.disable_speculation_batch_size,
         replica_recovery_seconds=args.replica_recovery_seconds,
         logprobs_while_speculating=args.logprobs_while_speculating,
+        call_deadlines=deadline_settings_from_args(args),
     )
     worker_security = ChannelSecurity(args.worker_tls_ca, args.worker_tls_cert, args.worker_tls_key, args.worker_tls_server_name)
     tokens = read_tokens(args.auth_token_file) if args.auth_token_file else None
