@@ -131,3 +131,22 @@ def test_int8_draft_never_changes_greedy_output(float32_pair):
         assert [r.token_ids for r in results] == expected, draft_weights
         assert sum(r.stats.accepted_tokens for r in results) > 0  # the draft was used, not bypassed
         assert engine.kv_blocks_used() == {"target": 0, "draft": 0}
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="packed weights need oneDNN")
+def test_packed_rows_are_padded_to_a_few_counts_and_the_padding_is_dropped():
+    import os
+
+    from specsplit.services.models.weight_formats import PACKED_ROW_GRID, PackedLinear, packed_rows
+
+    # oneDNN keeps buffers per cached row count: the caches are bounded and the counts a layer meets are few.
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] and os.environ["LRU_CACHE_CAPACITY"]
+    assert {packed_rows(r) for r in range(1, 65)} == set(range(1, PACKED_ROW_GRID + 1)) | set(range(16, 65, 8))
+    torch.manual_seed(0)
+    dense = torch.nn.Linear(48, 40)
+    packed = PackedLinear(dense)
+    for shape in [(1, 48), (7, 48), (9, 48), (3, 5, 48), (2, 13, 48)]:
+        x = torch.randn(*shape)
+        out = packed(x)
+        assert out.shape == (*shape[:-1], 40)
+        torch.testing.assert_close(out, dense(x), rtol=1e-5, atol=1e-5)
