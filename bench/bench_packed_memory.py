@@ -10,7 +10,7 @@ configuration runs in its own process (the cache capacities are read once per pr
 - bounded: the defaults of services/models/weight_formats.py (64-primitive caches, rows padded to a multiple of 8);
 - dense: torch's own layout, for reference.
 
-    flock /work/heavy.lock python bench/bench_packed_memory.py [--steps 400]
+    python bench/bench_packed_memory.py [--steps 200] [--configs unbounded,bounded] [--name _long]
 """
 
 import argparse
@@ -98,6 +98,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--name", default="", help="suffix of the results file")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -119,7 +120,7 @@ def main() -> None:
         rows.append({"config": name, **json.loads(out.strip().splitlines()[-1])})
         print(name, {k: v for k, v in rows[-1].items() if k != "growth_mb_by_step"}, flush=True)
     print_table(rows, ["config", "rss_after_load_mb", "growth_mb_end", "growth_mb_max", "growth_mb_second_half", "step_ms_median", "step_ms_mean"])
-    path = write_results("packed_memory", rows, {"steps": args.steps, "threads": args.threads, "shapes": SHAPES, "vocab": VOCAB})
+    path = write_results(f"packed_memory{args.name}", rows, {"steps": args.steps, "threads": args.threads, "shapes": SHAPES, "vocab": VOCAB})
     print(f"wrote {path}")
 
 
