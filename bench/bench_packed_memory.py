@@ -6,11 +6,12 @@ seeded schedule of steps like a serving target's: mostly verifications of batch 
 the vocabulary projection), some prefills of up to 512 rows (one row per sequence through the projection). Each
 configuration runs in its own process (the cache capacities are read once per process); RSS is sampled as it goes.
 
-- unbounded: oneDNN's and ideep's default caches (1024 primitives each), no row padding (before the fix);
-- bounded: the defaults of services/models/weight_formats.py (64-primitive caches, rows padded to a multiple of 8);
+- unbounded: oneDNN's and ideep's default caches (1024 primitives each): before the fix;
+- bounded: the default of services/models/weight_formats.py (16 primitives each);
+- bounded_64: 64 primitives each;
 - dense: torch's own layout, for reference.
 
-    python bench/bench_packed_memory.py [--steps 200] [--configs unbounded,bounded] [--name _long]
+    python bench/bench_packed_memory.py [--steps 200] [--configs unbounded,bounded,bounded_64,dense] [--name _long]
 """
 
 import argparse
@@ -28,8 +29,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 SHAPES = [(1536, 2048), (1536, 1536), (1536, 17920), (8960, 1536)]  # one decoder layer's linears (in, out)
 VOCAB = 151936
 CONFIGS = {
-    "unbounded": {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024", "LRU_CACHE_CAPACITY": "1024", "ROW_GRID": "1"},
+    "unbounded": {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024", "LRU_CACHE_CAPACITY": "1024"},
     "bounded": {},
+    "bounded_64": {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "64", "LRU_CACHE_CAPACITY": "64"},
     "dense": {"DENSE": "1"},
 }
 
@@ -60,8 +62,6 @@ def child(steps: int) -> dict:
     import specsplit.services.models.weight_formats as weight_formats
 
     torch.manual_seed(0)
-    if os.environ.get("ROW_GRID"):
-        weight_formats.PACKED_ROW_GRID = int(os.environ["ROW_GRID"])
     convert = (lambda linear: linear) if os.environ.get("DENSE") else weight_formats.PackedLinear
     with torch.no_grad():
         layers = [convert(nn.Linear(i, o, bias=False)) for i, o in SHAPES]

@@ -17,7 +17,6 @@ import os
 import warnings
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from specsplit.services.errors import InvalidArgument
@@ -31,12 +30,12 @@ PACKED_ROWS_HINT = 5
 
 # oneDNN, and torch's ideep layer above it, cache one primitive per input shape (1024 of each by default), and a
 # cached primitive keeps buffers about the size of its output (rows x out_features floats). Every new row count a
-# packed layer meets therefore costs memory that is never returned: 0.3-0.55 GB under load for the 1.5B target,
-# most of it in the vocabulary projection. Both caches are bounded (a forward meets 5 weight shapes, so this holds
-# the shapes of several row counts), and rows are padded to a multiple of PACKED_ROW_GRID so a changing batch meets
-# few row counts; the padding rows are zeros and are dropped (bench/bench_packed_memory.py).
-ONEDNN_CACHE_CAPACITY = 64
-PACKED_ROW_GRID = 8
+# packed layer meets (a verification's batch x (k+1), a prefill's prompt length) therefore costs memory that is
+# never returned: 0.3-0.55 GB under load for the 1.5B target. Both caches are bounded: a forward meets 5 weight
+# shapes, so 16 primitives hold the shapes of the last 3 row counts, and a miss costs one primitive creation, small
+# beside a forward (bench/bench_packed_memory.py). Padding rows to a few counts would bound the shapes instead, but
+# costs time on every verification.
+ONEDNN_CACHE_CAPACITY = 16
 
 
 def bound_onednn_caches(capacity: int = ONEDNN_CACHE_CAPACITY) -> None:
@@ -47,11 +46,6 @@ def bound_onednn_caches(capacity: int = ONEDNN_CACHE_CAPACITY) -> None:
 
 
 bound_onednn_caches()
-
-
-def packed_rows(rows: int) -> int:
-    """The row count a packed layer computes for `rows`: up to one grid step more, from a bounded set of counts."""
-    return rows if rows <= PACKED_ROW_GRID else -(-rows // PACKED_ROW_GRID) * PACKED_ROW_GRID
 
 
 def target_weight_request(requested: str, speculative: bool) -> str:
@@ -117,13 +111,7 @@ class PackedLinear(nn.Module):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        padded = packed_rows(rows)
-        if padded == rows:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
-        flat = F.pad(x.reshape(rows, x.shape[-1]), (0, 0, 0, padded - rows))
-        out = torch.ops.mkldnn._linear_pointwise(flat, self.packed_weight, self.bias, "none", [], "")
-        return out[:rows].reshape(*x.shape[:-1], self.out_features)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
 
 class Int8DynamicLinear(nn.Module):

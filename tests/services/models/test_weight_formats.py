@@ -133,20 +133,16 @@ def test_int8_draft_never_changes_greedy_output(float32_pair):
         assert engine.kv_blocks_used() == {"target": 0, "draft": 0}
 
 
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="packed weights need oneDNN")
-def test_packed_rows_are_padded_to_a_few_counts_and_the_padding_is_dropped():
+def test_onednn_caches_are_bounded_before_any_model_loads_unless_the_operator_says_otherwise():
+    """oneDNN and ideep keep buffers per cached shape; 1024 of each grew a packed target by 0.3-0.55 GB."""
     import os
+    import subprocess
+    import sys
 
-    from specsplit.services.models.weight_formats import PACKED_ROW_GRID, PackedLinear, packed_rows
-
-    # oneDNN keeps buffers per cached row count: the caches are bounded and the counts a layer meets are few.
-    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] and os.environ["LRU_CACHE_CAPACITY"]
-    assert {packed_rows(r) for r in range(1, 65)} == set(range(1, PACKED_ROW_GRID + 1)) | set(range(16, 65, 8))
-    torch.manual_seed(0)
-    dense = torch.nn.Linear(48, 40)
-    packed = PackedLinear(dense)
-    for shape in [(1, 48), (7, 48), (9, 48), (3, 5, 48), (2, 13, 48)]:
-        x = torch.randn(*shape)
-        out = packed(x)
-        assert out.shape == (*shape[:-1], 40)
-        torch.testing.assert_close(out, dense(x), rtol=1e-5, atol=1e-5)
+    probe = "import os, specsplit.services.models.weight_formats; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], os.environ['LRU_CACHE_CAPACITY'])"
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["16", "16"]
+    out = subprocess.run([sys.executable, "-c", probe], env={**env, "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "256"},
+                         capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["256", "16"]
