@@ -187,7 +187,7 @@ class Coordinator:
             if not self.waiting and not self.running:
                 self._idle.set()
                 self._wake.clear()
-                await self._wake.wait()
+                await self.health.idle_until(self._wake, [self.targets, *self.drafts])
                 self._idle.clear()
             self._admit()
             self.health.probe_down([self.targets, *self.drafts])

@@ -64,6 +64,19 @@ class ReplicaHealth:
                     self._probing.add(replica.name)
                     asyncio.get_running_loop().create_task(self._probe(pool, replica))
 
+    async def idle_until(self, wake: asyncio.Event, pools) -> None:
+        """Wait for work (`wake`); meanwhile keep probing replicas marked down, since one that answers again must be
+        told which sequences moved away even when no request is running."""
+        while any(pool.down for pool in pools):
+            self.probe_down(pools)
+            try:
+                async with asyncio.timeout(self.probe_interval):
+                    await wake.wait()
+                return
+            except TimeoutError:
+                continue
+        await wake.wait()
+
     async def _probe(self, pool, replica) -> None:
         try:
             async with asyncio.timeout(max(self.deadlines.settings.floor_seconds, 1.0)):
