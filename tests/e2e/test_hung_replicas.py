@@ -18,7 +18,7 @@ from specsplit.services.sampling_params import SamplingParams
 from cluster import Cluster
 
 PROMPTS = ["def add(a, b):", "hello world", "import os\n", "1 2 3 4", "class A:", "while True:"]
-MAX_TOKENS = 500
+MAX_TOKENS = 500  # about the tiny models' whole context (512)
 FREEZE_SECONDS = 6.0  # twice MAX_GAP_SECONDS: a stream that waits for the frozen replica fails the test
 MAX_GAP_SECONDS = 3.0  # the hung-call floor is 1 s; the rest is re-prefill and scheduling on a loaded CI host
 WORKERS = ["target_a", "target_b", "draft"]
@@ -110,11 +110,11 @@ def check_streams_kept_going(results, arrivals, window, reference):
     assert results == reference  # every request completed, with exactly the target-only greedy output
     finished = [times[-1] for times in arrivals]
     print(f"streams ended {', '.join(f'{f - resumed_at:+.1f}' for f in finished)} s after the resume")
-    assert sum(f > frozen_at + 2.0 for f in finished) >= len(PROMPTS) // 2, "the freeze must fall mid-stream"
+    assert sum(f > frozen_at + 1.2 for f in finished) >= len(PROMPTS) // 2, "the freeze must fall mid-stream"
     gaps = [longest_gap([t for t in times if t >= frozen_at - 1.0], min(f, resumed_at)) for times, f in zip(arrivals, finished)]
     assert max(gaps) < MAX_GAP_SECONDS, gaps  # no stream stalled for the frozen replica (60 s before)
     # Tokens kept coming while the replica was still frozen, after it had been found hung.
-    during = sum(frozen_at + 1.5 <= t <= resumed_at for times in arrivals for t in times)
+    during = sum(frozen_at + 1.2 <= t <= resumed_at for times in arrivals for t in times)
     assert during > 0
     return max(gaps)
 
