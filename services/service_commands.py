@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 
+from specsplit.services.coordinator.call_deadlines import add_call_deadline_args, deadline_settings_from_args
 from specsplit.services.draft.proposer_flags import add_proposer_args, ngram_options, proposer_argv
 from specsplit.services.models.weight_formats import DRAFT_ONLY_FORMATS, WEIGHT_FORMATS
 from specsplit.services.runtime.cpu_threads import add_threads_arg, apply_threads
@@ -69,6 +70,7 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
     c.add_argument("--disable-speculation-batch-size", type=int, default=0)
     c.add_argument("--replica-recovery-seconds", type=float, default=30.0,
                    help="how long a request waits for a target replica to come back before UNAVAILABLE")
+    add_call_deadline_args(c)
     add_logprobs_switch_arg(c)
     add_server_tls_args(c)
     c.add_argument("--auth-token-file", help="require `authorization: Bearer TOKEN` with a token from this file")
@@ -203,6 +205,7 @@ def _run_coordinator(args) -> int:
         disable_speculation_batch_size=args.disable_speculation_batch_size,
         replica_recovery_seconds=args.replica_recovery_seconds,
         logprobs_while_speculating=args.logprobs_while_speculating,
+        call_deadlines=deadline_settings_from_args(args),
     )
     worker_security = ChannelSecurity(args.worker_tls_ca, args.worker_tls_cert, args.worker_tls_key, args.worker_tls_server_name)
     tokens = read_tokens(args.auth_token_file) if args.auth_token_file else None

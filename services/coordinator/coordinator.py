@@ -13,11 +13,13 @@ import random
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from specsplit.services.coordinator.call_deadlines import DeadlineSettings
 from specsplit.services.coordinator.generation import GenerationRequest, GenerationResult, TokenEvent
 from specsplit.services.coordinator.overlap_policy import OverlapPolicy
 from specsplit.services.coordinator.pre_proposals import PreProposal, split_guess
+from specsplit.services.coordinator.replica_health import ReplicaHealth
 from specsplit.services.coordinator.replica_pools import ReplicaPool, pick_variant
 from specsplit.services.coordinator.sequence_state import SequenceState
 from specsplit.services.coordinator.speculation_policy import SpeculationPolicy, bucket_of
@@ -48,6 +50,7 @@ class CoordinatorConfig:
     logprobs_while_speculating: bool = True  # False: a speculating request may not ask for logprobs (README)
     overlap: str = "auto"                    # draft proposes round r+1 while the target verifies round r:
                                              # "auto" where measured costs say it pays (overlap_policy.py), "on", "off"
+    call_deadlines: DeadlineSettings = field(default_factory=DeadlineSettings)  # when a slow replica counts as hung
 
 
 class Coordinator:
@@ -71,7 +74,7 @@ class Coordinator:
         self.policy = SpeculationPolicy(self.config.max_speculative_tokens, fixed=self.config.speculation == "fixed")
         self.overlap = OverlapPolicy(self.config.overlap)
         self._releases: dict = {}  # worker client -> handles to release after this iteration
-        self._last_probe = 0.0
+        self.health = ReplicaHealth(self.config.call_deadlines, self.config.probe_interval_seconds)
         self._round_alone = True
 
     # ---- public API -------------------------------------------------------------------------------------------
@@ -189,11 +192,12 @@ class Coordinator:
             if not self.waiting and not self.running:
                 self._idle.set()
                 self._wake.clear()
-                await self._wake.wait()
+                await self.health.idle_until(self._wake, [self.targets, *self.drafts])
                 self._idle.clear()
             self._admit()
-            self._probe_down_replicas()
+            self.health.probe_down([self.targets, *self.drafts])
             live = [s for s in self.running if not s.finished]
+            self._leave_down_replicas(live)
             needs_target = [s for s in live if not s.prefilled]
             needs_draft = [s for s in live if self._wants_draft(s) and not s.draft_prefilled]
             decoding = [s for s in live if s.prefilled]
@@ -460,6 +464,7 @@ class Coordinator:
             if pool is not None and sequence.draft is not None:
                 pool.mark_down(sequence.draft)
                 pool.unpin(sequence.draft)
+                self.health.moved_away(sequence.draft, [sequence.handle])  # released there once it answers again
             sequence.draft = None  # re-attached to another replica, or target-only until one returns
             sequence.draft_prefilled = False
         elif isinstance(error, UnknownSequence):
@@ -479,6 +484,7 @@ class Coordinator:
             if sequence.target is not None:
                 self.targets.mark_down(sequence.target)
                 self.targets.unpin(sequence.target)
+                self.health.moved_away(sequence.target, [sequence.handle])  # released there once it answers again
             sequence.target = None  # re-prefilled from the committed tokens on another target
             sequence.prefilled = False
         elif isinstance(error, UnknownSequence):
@@ -486,24 +492,16 @@ class Coordinator:
         else:
             self._fail(sequence, error)
 
-    def _probe_down_replicas(self) -> None:
-        """Replicas marked down are asked to describe themselves every few seconds; an answer brings them back."""
-        now = time.monotonic()
-        if now - self._last_probe < self.config.probe_interval_seconds:
-            return
-        self._last_probe = now
-        for pool in [self.targets, *self.drafts]:
-            for replica in pool.replicas:
-                if replica.name in pool.down and hasattr(replica, "describe"):
-                    asyncio.get_running_loop().create_task(self._probe(pool, replica))
-
-    async def _probe(self, pool: ReplicaPool, replica) -> None:
-        try:
-            await replica.describe()
-        except Exception:
-            return
-        pool.down.discard(replica.name)
-        log.warning("replica %s is back", replica.name)
+    def _leave_down_replicas(self, sequences: list[SequenceState]) -> None:
+        """Sequences pinned to a replica that was marked down (a call of another sequence found it hung) move on
+        now, before a call of theirs waits for it again."""
+        down = Unavailable("replica marked down")
+        for sequence in sequences:
+            if sequence.target is not None and sequence.target.name in self.targets.down:
+                self._on_target_error(sequence, down)
+            pool = self._variant_pool(sequence) if sequence.draft is not None else None
+            if pool is not None and sequence.draft.name in pool.down:
+                self._on_draft_error(sequence, down)
 
     def _verify_item(self, sequence: SequenceState, proposal, guess: int | None = None) -> VerifyItem:
         item = VerifyItem(
@@ -632,16 +630,23 @@ class Coordinator:
             await asyncio.gather(*calls)
 
     async def _release(self, client, handles: list[str]) -> None:
+        pool = next((p for p in [self.targets, *self.drafts] if client in p.replicas), None)
+        if pool is not None and client.name in pool.down:
+            self.health.moved_away(client, handles)  # released when it answers again
+            return
         try:
-            await client.release(handles)
+            await self.health.call(client, "release", handles)
         except Exception as error:  # the worker's lease on idle sequences frees them anyway
             log.warning("release on %s failed: %s", client.name, error)
+            if isinstance(error, Unavailable) and pool is not None:
+                pool.mark_down(client)
+                self.health.moved_away(client, handles)
 
     async def _call(self, client, method: str, items: list, sequences: list[SequenceState]):
         """One batched worker call; a failure of the whole call becomes that error for each of its sequences."""
         try:
             with self.telemetry.worker_call(client, method, items, sequences) as call:
-                results = call.results = await getattr(client, method)(items)
+                results = call.results = await self.health.call(client, method, items)
         except Exception as error:
             results = [error] * len(items)
         return list(zip(sequences, results))

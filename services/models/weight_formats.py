@@ -16,6 +16,7 @@
 engine resolve "auto" by measurement instead (layout_calibration.py), falling back to these defaults.
 """
 
+import os
 import warnings
 
 import torch
@@ -31,6 +32,25 @@ DRAFT_ONLY_FORMATS = ("int8", "bf16")
 # (bench/bench_cpu_weight_formats.py --matrix) 2-64 rows run within ~10% of the best of hints 1/5/16/64 for their
 # count; one row is ~20% slower than with hint 1 (and dense is faster still there).
 PACKED_ROWS_HINT = 5
+
+# oneDNN, and torch's ideep layer above it, cache one primitive per input shape (1024 of each by default), and a
+# cached primitive keeps buffers about the size of its output (rows x out_features floats). Every new row count a
+# packed layer meets (a verification's batch x (k+1), a prefill's prompt length) therefore costs memory that is
+# never returned: 0.3-0.55 GB under load for the 1.5B target. Both caches are bounded: a forward meets 5 weight
+# shapes, so 16 primitives hold the shapes of the last 3 row counts, and a miss costs one primitive creation, small
+# beside a forward (bench/bench_packed_memory.py). Padding rows to a few counts would bound the shapes instead, but
+# costs time on every verification.
+ONEDNN_CACHE_CAPACITY = 16
+
+
+def bound_onednn_caches(capacity: int = ONEDNN_CACHE_CAPACITY) -> None:
+    """Both caches read their capacity once, at the process's first oneDNN primitive: this runs at import, before
+    any model is loaded. An operator's own setting of either variable wins."""
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(capacity))
+    os.environ.setdefault("LRU_CACHE_CAPACITY", str(capacity))
+
+
+bound_onednn_caches()
 
 
 def target_weight_request(requested: str, speculative: bool) -> str:

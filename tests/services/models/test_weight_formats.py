@@ -131,3 +131,18 @@ def test_int8_draft_never_changes_greedy_output(float32_pair):
         assert [r.token_ids for r in results] == expected, draft_weights
         assert sum(r.stats.accepted_tokens for r in results) > 0  # the draft was used, not bypassed
         assert engine.kv_blocks_used() == {"target": 0, "draft": 0}
+
+
+def test_onednn_caches_are_bounded_before_any_model_loads_unless_the_operator_says_otherwise():
+    """oneDNN and ideep keep buffers per cached shape; 1024 of each grew a packed target by 0.3-0.55 GB."""
+    import os
+    import subprocess
+    import sys
+
+    probe = "import os, specsplit.services.models.weight_formats; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'], os.environ['LRU_CACHE_CAPACITY'])"
+    env = {k: v for k, v in os.environ.items() if k not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["16", "16"]
+    out = subprocess.run([sys.executable, "-c", probe], env={**env, "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "256"},
+                         capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["256", "16"]
