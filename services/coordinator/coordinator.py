@@ -372,7 +372,7 @@ class Coordinator:
                 self._on_draft_error(sequence, pre_proposal)
         # A clean round of one k measures its cost; not one where a proposer sent fewer than asked (an n-gram
         # lookup without a match): that verification cost less than k proposals do.
-        short = any(len(proposal.token_ids) < k_of[s] for s, proposal in proposals.items())
+        short = any(len(proposal.token_ids) < k_of[s] for s, (proposal, _) in proposals.items())
         clean = self._round_alone and not short and all(n in (0, k) for n in k_of.values())
         if clean and not overlap and not pre_proposed:  # a serial round of one k: its cost
             self.policy.record_costs(batch, k, proposed - started, verified - proposed)
