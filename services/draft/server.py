@@ -3,6 +3,7 @@
 from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
 from specsplit.services.draft.proposer import DraftProposer
 from specsplit.services.rpc import worker_messages as msg
+from specsplit.services.rpc.invalid_items import valid_items_only
 from specsplit.services.rpc.step_batcher import StepBatcher
 from specsplit.services.rpc.worker_info import worker_info
 from specsplit.services.telemetry.worker_telemetry import WorkerTelemetry
@@ -15,8 +16,8 @@ class DraftService(worker_pb2_grpc.DraftWorkerServicer):
         self.telemetry = WorkerTelemetry("draft", proposer.runner, proposer.sequences)
         self.batcher = StepBatcher(
             self.telemetry.instrument({
-                "prefill": proposer.prefill,
-                "propose": proposer.propose,
+                "prefill": valid_items_only(proposer.prefill),
+                "propose": valid_items_only(proposer.propose),
                 "release": lambda handles: [proposer.sequences.release(h) for h in handles],
                 "expire": lambda ages: [proposer.sequences.release_idle(a) for a in ages],
             }),

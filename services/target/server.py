@@ -2,6 +2,7 @@
 
 from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
 from specsplit.services.rpc import worker_messages as msg
+from specsplit.services.rpc.invalid_items import valid_items_only
 from specsplit.services.rpc.step_batcher import StepBatcher
 from specsplit.services.rpc.worker_info import worker_info
 from specsplit.services.target.verifier import TargetVerifier
@@ -15,7 +16,7 @@ class TargetService(worker_pb2_grpc.TargetWorkerServicer):
         self.telemetry = WorkerTelemetry("target", verifier.runner, verifier.sequences)
         self.batcher = StepBatcher(
             self.telemetry.instrument({
-                "prefill": verifier.prefill,
+                "prefill": valid_items_only(verifier.prefill),
                 "verify": self._verify,
                 "release": lambda handles: [verifier.sequences.release(h) for h in handles],
                 "expire": lambda ages: [verifier.sequences.release_idle(a) for a in ages],
