@@ -1,12 +1,14 @@
 """`specsplit target | draft | coordinator | serve`: run the services, each its own process."""
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
 
 from specsplit.services.models.weight_formats import WEIGHT_FORMATS, target_weight_request
 from specsplit.services.rpc.security import ChannelSecurity, add_server_tls_args, read_tokens, server_security_from_args
+from specsplit.services.rpc.worker_credentials import WORKER_SECRET_ENV, load_worker_secret, new_worker_secret
 from specsplit.services.target.acceptance_flags import acceptance_argv, acceptance_policy_from_args, add_acceptance_args
 
 
@@ -36,6 +38,7 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
         p.add_argument("--tensor-parallel-size", type=int, default=1,
                        help="GPUs to shard the model over (only 1 is available in this version)")
         add_server_tls_args(p)
+        add_worker_secret_args(p, worker=True)
         add_metrics_port_arg(p)
         add_model_args(p)
         p.set_defaults(handler=_run_worker, role=role)
@@ -65,6 +68,7 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
     c.add_argument("--worker-tls-cert", help="client certificate for workers that require mutual TLS")
     c.add_argument("--worker-tls-key", help="its private key")
     c.add_argument("--worker-tls-server-name", help="name to verify in workers' certificates (default: the address's host)")
+    add_worker_secret_args(c, worker=False)
     add_metrics_port_arg(c)
     c.set_defaults(handler=_run_coordinator)
 
@@ -112,6 +116,17 @@ def add_logprobs_switch_arg(p) -> None:
                    "the target alone")
 
 
+def add_worker_secret_args(p, worker: bool) -> None:
+    """The workers' shared secret (services/rpc/worker_credentials.py); never a value on the command line."""
+    p.add_argument("--worker-secret-file", default=None, metavar="PATH",
+                   help=("require this shared secret on every call (default: $SPECSPLIT_WORKER_SECRET; with neither, "
+                         "nor --tls-client-ca, the worker listens on 127.0.0.1 only)") if worker else
+                   "send this shared secret on every worker call (default: $SPECSPLIT_WORKER_SECRET)")
+    if worker:
+        p.add_argument("--allow-unauthenticated", action="store_true",
+                       help="listen on --host without a secret or mutual TLS (only on a network that is itself private)")
+
+
 def add_metrics_port_arg(p) -> None:
     p.add_argument("--metrics-port", type=int, default=9090,
                    help="Prometheus /metrics (and the coordinator's /v1/canary) on this port; 0 = any free port "
@@ -142,7 +157,8 @@ def _run_worker(args) -> int:
         if args.synthetic_acceptance is not None:
             options["synthetic_acceptance"] = args.synthetic_acceptance
     asyncio.run(serve_worker(args.role, args.model, args.host, args.port, args.lease_seconds, args.metrics_port,
-                             security=server_security_from_args(args), **options))
+                             security=server_security_from_args(args), secret=load_worker_secret(args.worker_secret_file),
+                             allow_unauthenticated=args.allow_unauthenticated, **options))
     return 0
 
 
@@ -159,7 +175,8 @@ def _run_coordinator(args) -> int:
         replica_recovery_seconds=args.replica_recovery_seconds,
         logprobs_while_speculating=args.logprobs_while_speculating,
     )
-    worker_security = ChannelSecurity(args.worker_tls_ca, args.worker_tls_cert, args.worker_tls_key, args.worker_tls_server_name)
+    worker_security = ChannelSecurity(args.worker_tls_ca, args.worker_tls_cert, args.worker_tls_key, args.worker_tls_server_name,
+                                      secret=load_worker_secret(args.worker_secret_file))
     tokens = read_tokens(args.auth_token_file) if args.auth_token_file else None
     targets = [a for a in args.target.split(",") if a]
     if args.draft_variants_file and (args.draft or args.draft_variant):
@@ -194,13 +211,15 @@ def _run_serve(args) -> int:
     if not args.prefix_caching:
         model_flags += ["--no-prefix-caching"]
     acceptance_policy_from_args(args)  # refuse bad values before anything starts
+    # The workers and the coordinator share a fresh secret, through the environment (not argv, which `ps` shows).
+    env = {**os.environ, WORKER_SECRET_ENV: new_worker_secret()}
     processes = []
     try:
         print(f"starting target ({args.target})" + (f" and draft ({args.draft})" if args.draft else "") + " ...", file=sys.stderr)
         target_weights = target_weight_request(args.target_weights, speculative=bool(args.draft))
         target, target_addr = spawn_service(["target", "--model", args.target, "--host", "127.0.0.1", "--port", "0",
                                              "--weights", target_weights, *model_flags, *worker_metrics,
-                                             *acceptance_argv(args)])
+                                             *acceptance_argv(args)], env)
         processes.append(target)
         coordinator_argv = ["coordinator", "--target", target_addr, "--host", args.host, "--port", str(args.port),
                             "-k", str(k if args.draft else 0), "--metrics-port", str(args.metrics_port),
@@ -209,12 +228,14 @@ def _run_serve(args) -> int:
             coordinator_argv.append("--no-logprobs-while-speculating")
         if args.draft:
             draft, draft_addr = spawn_service(["draft", "--model", args.draft, "--host", "127.0.0.1", "--port", "0",
-                                               "--weights", args.draft_weights, *model_flags, *worker_metrics])
+                                               "--weights", args.draft_weights, *model_flags, *worker_metrics], env)
             processes.append(draft)
             coordinator_argv += ["--draft", draft_addr]
-        coordinator, address = spawn_service(coordinator_argv)
+        coordinator, address = spawn_service(coordinator_argv, env)
         processes.append(coordinator)
         print(f"specsplit serving on {address}", flush=True)
+        for line in (line for p in processes[:-1] for line in p.startup_lines if " listening on " in line):
+            print(line, file=sys.stderr)  # the workers (on loopback, requiring the secret)
         for line in (line for p in processes for line in p.startup_lines if " metrics on " in line):
             print(line, file=sys.stderr)
         if args.prompt is not None or args.prompt_ids:

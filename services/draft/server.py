@@ -4,6 +4,7 @@ from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
 from specsplit.services.draft.proposer import DraftProposer
 from specsplit.services.rpc import worker_messages as msg
 from specsplit.services.rpc.invalid_items import valid_items_only
+from specsplit.services.rpc.worker_credentials import bind_handles, caller_owner, owned_handles
 from specsplit.services.rpc.step_batcher import StepBatcher
 from specsplit.services.rpc.worker_info import worker_info
 from specsplit.services.telemetry.worker_telemetry import WorkerTelemetry
@@ -26,15 +27,15 @@ class DraftService(worker_pb2_grpc.DraftWorkerServicer):
         self.telemetry.watch(self.batcher)
 
     async def Prefill(self, request, context):
-        items = self.telemetry.received(msg.draft_prefill_items(request), context)
+        items = self.telemetry.received(bind_handles(msg.draft_prefill_items(request), caller_owner(context)), context)
         return msg.draft_prefill_response(await self.batcher.submit("prefill", items))
 
     async def Propose(self, request, context):
-        items = self.telemetry.received(msg.propose_items(request), context)
+        items = self.telemetry.received(bind_handles(msg.propose_items(request), caller_owner(context)), context)
         return msg.propose_response(await self.batcher.submit("propose", items))
 
     async def Release(self, request, context):
-        released = await self.batcher.submit("release", list(request.handles))
+        released = await self.batcher.submit("release", owned_handles(request.handles, caller_owner(context)))
         return worker_pb2.ReleaseResponse(released=sum(bool(r) for r in released))
 
     async def Describe(self, request, context):

@@ -3,6 +3,7 @@
 from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
 from specsplit.services.rpc import worker_messages as msg
 from specsplit.services.rpc.invalid_items import valid_items_only
+from specsplit.services.rpc.worker_credentials import bind_handles, caller_owner, owned_handles
 from specsplit.services.rpc.step_batcher import StepBatcher
 from specsplit.services.rpc.worker_info import worker_info
 from specsplit.services.target.verifier import TargetVerifier
@@ -32,15 +33,15 @@ class TargetService(worker_pb2_grpc.TargetWorkerServicer):
         return [i if isinstance(i, Exception) else next(verdicts) for i in items]
 
     async def Prefill(self, request, context):
-        items = self.telemetry.received(msg.target_prefill_items(request), context)
+        items = self.telemetry.received(bind_handles(msg.target_prefill_items(request), caller_owner(context)), context)
         return msg.verify_response(await self.batcher.submit("prefill", items))
 
     async def Verify(self, request, context):
-        items = self.telemetry.received(msg.verify_items(request), context)
+        items = self.telemetry.received(bind_handles(msg.verify_items(request), caller_owner(context)), context)
         return msg.verify_response(await self.batcher.submit("verify", items))
 
     async def Release(self, request, context):
-        released = await self.batcher.submit("release", list(request.handles))
+        released = await self.batcher.submit("release", owned_handles(request.handles, caller_owner(context)))
         return worker_pb2.ReleaseResponse(released=sum(bool(r) for r in released))
 
     async def Describe(self, request, context):
