@@ -83,6 +83,7 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
     s.add_argument("--port", type=int, default=50051, help="the coordinator's port (0 = any)")
     s.add_argument("--metrics-port", type=int, default=9090,
                    help="the coordinator's metrics port (0 = any, -1 = none); the workers' are chosen free and printed")
+    add_metrics_host_arg(s)
     add_sampling_args(s)
     add_model_args(s)
     add_weight_format_args(s)
@@ -131,6 +132,13 @@ def add_metrics_port_arg(p) -> None:
     p.add_argument("--metrics-port", type=int, default=9090,
                    help="Prometheus /metrics (and the coordinator's /v1/canary) on this port; 0 = any free port "
                    "(printed), -1 = none")
+    add_metrics_host_arg(p)
+
+
+def add_metrics_host_arg(p) -> None:
+    p.add_argument("--metrics-host", default="127.0.0.1",
+                   help="address of the metrics port (plain HTTP, no authentication: loopback by default; 0.0.0.0 "
+                   "where a scraper must reach it, behind a NetworkPolicy as the Helm chart sets it)")
 
 
 def parse_draft_variants(args) -> list[tuple[str, float, list[str]]]:
@@ -158,7 +166,7 @@ def _run_worker(args) -> int:
             options["synthetic_acceptance"] = args.synthetic_acceptance
     asyncio.run(serve_worker(args.role, args.model, args.host, args.port, args.lease_seconds, args.metrics_port,
                              security=server_security_from_args(args), secret=load_worker_secret(args.worker_secret_file),
-                             allow_unauthenticated=args.allow_unauthenticated, **options))
+                             allow_unauthenticated=args.allow_unauthenticated, metrics_host=args.metrics_host, **options))
     return 0
 
 
@@ -182,7 +190,8 @@ def _run_coordinator(args) -> int:
     if args.draft_variants_file and (args.draft or args.draft_variant):
         raise SystemExit("give either --draft/--draft-variant or --draft-variants-file, not both")
     asyncio.run(serve_coordinator(targets, parse_draft_variants(args), args.host, args.port, args.tokenizer, config,
-                                  metrics_port=args.metrics_port, draft_variants_file=args.draft_variants_file,
+                                  metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+                                  draft_variants_file=args.draft_variants_file,
                                   security=server_security_from_args(args), worker_security=worker_security, auth_tokens=tokens))
     return 0
 
@@ -223,6 +232,7 @@ def _run_serve(args) -> int:
         processes.append(target)
         coordinator_argv = ["coordinator", "--target", target_addr, "--host", args.host, "--port", str(args.port),
                             "-k", str(k if args.draft else 0), "--metrics-port", str(args.metrics_port),
+                            "--metrics-host", args.metrics_host,
                             "--speculation", args.speculation]
         if not args.logprobs_while_speculating:
             coordinator_argv.append("--no-logprobs-while-speculating")

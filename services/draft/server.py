@@ -14,6 +14,7 @@ class DraftService(worker_pb2_grpc.DraftWorkerServicer):
     def __init__(self, proposer: DraftProposer, model_name: str):
         self.proposer = proposer
         self.model_name = model_name
+        self.describe_model_path = True  # False on a worker open to unauthenticated callers (worker_process.py)
         self.telemetry = WorkerTelemetry("draft", proposer.runner, proposer.sequences)
         self.batcher = StepBatcher(
             self.telemetry.instrument({
@@ -39,7 +40,8 @@ class DraftService(worker_pb2_grpc.DraftWorkerServicer):
         return worker_pb2.ReleaseResponse(released=sum(bool(r) for r in released))
 
     async def Describe(self, request, context):
-        return worker_info("draft", self.model_name, self.proposer.runner, self.proposer.sequences, self.batcher)
+        return worker_info("draft", self.model_name, self.proposer.runner, self.proposer.sequences, self.batcher,
+                           self.describe_model_path)
 
     def add_to(self, server) -> None:
         worker_pb2_grpc.add_DraftWorkerServicer_to_server(self, server)

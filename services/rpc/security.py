@@ -15,7 +15,9 @@ from pathlib import Path
 
 import grpc
 
-from specsplit.services.rpc.caller_auth import SecretCheckInterceptor, bearer_token
+from specsplit.services.rpc.caller_auth import OPEN_SERVICES, SecretCheckInterceptor, bearer_token
+
+PUBLIC_OPEN_SERVICES = OPEN_SERVICES
 
 
 def _read(path: str | None) -> bytes | None:

@@ -61,7 +61,7 @@ def worker_call_metadata(secret: str | None) -> tuple:
 
 def listen_host(host: str, secret: str | None, mutual_tls: bool, allow_unauthenticated: bool) -> str:
     """Where a worker may listen: anywhere when callers must prove who they are, else loopback only."""
-    if secret or mutual_tls or allow_unauthenticated or _is_loopback(host):
+    if secret or mutual_tls or allow_unauthenticated or is_loopback(host):
         return host
     log.warning("no worker credentials (--worker-secret-file, $%s or --tls-client-ca): listening on 127.0.0.1 only, "
                 "not %s; anyone reaching an open worker could read and alter other users' sequences",
@@ -69,7 +69,7 @@ def listen_host(host: str, secret: str | None, mutual_tls: bool, allow_unauthent
     return "127.0.0.1"
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
     try:

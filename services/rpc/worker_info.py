@@ -3,7 +3,9 @@
 from specsplit.proto.v1 import worker_pb2
 
 
-def worker_info(role, model_name, runner, sequences, batcher) -> worker_pb2.WorkerInfo:
+def worker_info(role, model_name, runner, sequences, batcher, with_path: bool = True) -> worker_pb2.WorkerInfo:
+    """`with_path`: name where the model was loaded from (for a coordinator loading its tokenizer from the same
+    storage) only to callers that proved who they are, or on loopback; others get its name alone."""
     manager = runner.block_manager
     return worker_pb2.WorkerInfo(
         role=role,
@@ -16,6 +18,6 @@ def worker_info(role, model_name, runner, sequences, batcher) -> worker_pb2.Work
         sequences=len(sequences),
         queue_depth=batcher.queue_depth,
         eos_token_ids=list(runner.config.eos_token_ids),
-        model_path=runner.loaded.path,
+        model_path=runner.loaded.path if with_path else "",
         sequences_prefilled=sequences.created_total,
     )

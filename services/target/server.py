@@ -14,6 +14,7 @@ class TargetService(worker_pb2_grpc.TargetWorkerServicer):
     def __init__(self, verifier: TargetVerifier, model_name: str):
         self.verifier = verifier
         self.model_name = model_name
+        self.describe_model_path = True  # False on a worker open to unauthenticated callers (worker_process.py)
         self.telemetry = WorkerTelemetry("target", verifier.runner, verifier.sequences)
         self.batcher = StepBatcher(
             self.telemetry.instrument({
@@ -45,7 +46,8 @@ class TargetService(worker_pb2_grpc.TargetWorkerServicer):
         return worker_pb2.ReleaseResponse(released=sum(bool(r) for r in released))
 
     async def Describe(self, request, context):
-        return worker_info("target", self.model_name, self.verifier.runner, self.verifier.sequences, self.batcher)
+        return worker_info("target", self.model_name, self.verifier.runner, self.verifier.sequences, self.batcher,
+                           self.describe_model_path)
 
     def add_to(self, server) -> None:
         worker_pb2_grpc.add_TargetWorkerServicer_to_server(self, server)
