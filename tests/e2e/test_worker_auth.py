@@ -15,8 +15,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specsplit.client import Client
 from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
-from specsplit.services.rpc.worker_credentials import COORDINATOR_ID_HEADER, WORKER_SECRET_ENV, WORKER_SECRET_HEADER
 from specsplit.services.service_commands import spawn_service
+
+# The contract, spelled out (services/rpc/worker_credentials.py holds the same names).
+WORKER_SECRET_ENV = "SPECSPLIT_WORKER_SECRET"
+WORKER_SECRET_HEADER = "x-specsplit-worker-secret"
+COORDINATOR_ID_HEADER = "x-specsplit-coordinator"
 
 SECRET = "worker-secret-for-tests-0c4e9a7d"
 
