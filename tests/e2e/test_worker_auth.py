@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import grpc
@@ -82,9 +83,15 @@ def test_calls_without_the_secret_are_unauthenticated(guarded):
 def test_a_coordinator_without_the_secret_is_refused_at_once(guarded):
     started = time.monotonic()
     env = {k: v for k, v in os.environ.items() if k != WORKER_SECRET_ENV}
-    with pytest.raises(RuntimeError, match="before listening"):
-        spawn_service(["coordinator", "--target", guarded["target"], "--host", "127.0.0.1", "--port", "0",
-                       "--metrics-port", "-1"], env, stderr=subprocess.DEVNULL)
+    try:
+        process, _ = spawn_service(["coordinator", "--target", guarded["target"], "--host", "127.0.0.1", "--port", "0",
+                                    "--metrics-port", "-1"], env, stderr=subprocess.DEVNULL)
+    except RuntimeError as error:
+        assert "before listening" in str(error)
+    else:
+        process.terminate()
+        process.wait(timeout=20)
+        pytest.fail("a coordinator without the workers' secret must not start")
     assert time.monotonic() - started < 60  # not the 300 s connect timeout
 
 
@@ -173,6 +180,8 @@ def test_serve_generates_a_secret_and_keeps_it_off_the_command_line(tiny_pair):
     serve = subprocess.Popen([sys.executable, "-m", "specsplit", "serve", "--target", str(tiny_pair["target"]), "--draft",
                               str(tiny_pair["close"]), "--dtype", "float64", "--num-kv-blocks", "64", "--port", "0",
                               "--metrics-port", "-1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    watchdog = threading.Timer(180, serve.kill)  # a serve that never names its workers must not hang the test
+    watchdog.start()
     try:
         workers = []
         for line in serve.stderr:
@@ -196,5 +205,6 @@ def test_serve_generates_a_secret_and_keeps_it_off_the_command_line(tiny_pair):
             assert _code(lambda: _describe(address, stub=stub)) == grpc.StatusCode.UNAUTHENTICATED
             assert _describe(address, ((WORKER_SECRET_HEADER, secret),), stub).role in ("target", "draft")
     finally:
+        watchdog.cancel()
         serve.terminate()
         serve.wait(timeout=30)
