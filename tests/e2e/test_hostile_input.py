@@ -180,6 +180,17 @@ def test_hostile_worker_items_fail_alone(cluster):
     codes = [r.status.code for r in verify.results]
     assert codes == [0, 0, 0, grpc.StatusCode.INVALID_ARGUMENT.value[0]] + [0] * (len(good) - 3)
     assert stub.Release(worker_pb2.ReleaseRequest(handles=[g.handle for g in good]), timeout=30).released == len(good)
+
+    # A draft: a proposal step with a token id outside the vocabulary fails alone too.
+    draft = worker_pb2_grpc.DraftWorkerStub(grpc.insecure_channel(cluster.addresses["draft_a"]))
+    items = [worker_pb2.DraftPrefillItem(handle=f"hostile-draft-{i}", token_ids=[1, 2, 3], sampling=greedy) for i in range(4)]
+    assert [r.status.code for r in draft.Prefill(worker_pb2.DraftPrefillRequest(items=items), timeout=60).results] == [0] * 4
+    propose = [worker_pb2.ProposeItem(handle=i.handle, cached_len=2, delta=[3], k=2) for i in items]
+    propose[1].delta[:] = [2**31 - 1]
+    results = draft.Propose(worker_pb2.ProposeRequest(items=propose), timeout=60).results
+    assert [r.status.code for r in results] == [0, grpc.StatusCode.INVALID_ARGUMENT.value[0], 0, 0]
+    assert all(len(results[i].token_ids) == 2 for i in (0, 2, 3))
+    assert draft.Release(worker_pb2.ReleaseRequest(handles=[i.handle for i in items]), timeout=30).released == 4
     _assert_no_kv_left(cluster)
 
 
