@@ -47,6 +47,8 @@ def check_string(name: str, value: str, max_bytes: int, required: bool = False) 
     """A bounded string; the message never repeats the value (it may be huge or hostile)."""
     if required and not value:
         raise InvalidArgument(f"{name} must not be empty")
+    if len(value) <= max_bytes and value.isascii():  # the common case, without encoding
+        return
     size = len(value.encode("utf-8", "surrogatepass")) if len(value) <= max_bytes else max_bytes + 1
     if size > max_bytes:
         raise InvalidArgument(f"{name} must be at most {max_bytes} bytes")

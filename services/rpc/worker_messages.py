@@ -52,7 +52,9 @@ def _checked(decode, items) -> list:
     out = []
     for item in items:
         try:
-            check_string("sequence handle", item.handle, MAX_HANDLE_BYTES, required=True)
+            handle = item.handle
+            if not (0 < len(handle) <= MAX_HANDLE_BYTES and handle.isascii()):  # the usual handle: no call
+                check_string("sequence handle", handle, MAX_HANDLE_BYTES, required=True)
             out.append(decode(item))
         except InvalidArgument as error:
             out.append(error)
