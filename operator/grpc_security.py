@@ -21,26 +21,36 @@ SECRET_FILE_MODE = 0o440
 INTERNAL_TLS_VOLUME = "tls"
 PUBLIC_TLS_VOLUME = "public-tls"
 AUTH_VOLUME = "auth-tokens"
+WORKER_AUTH_VOLUME = "worker-auth"
 
 
 def _file(directory: str, key: str) -> str:
     return f"{directory}/{key}"
 
 
-def worker_args(tls: InternalTLS | None) -> list[str]:
-    """Flags of `specsplit target|draft`: serve TLS, and require client certificates when mutual."""
+def _worker_secret_file() -> str:
+    return _file(naming.WORKER_AUTH_DIR, naming.WORKER_AUTH_KEY)
+
+
+def worker_args(tls: InternalTLS | None, worker_auth: str | None = None) -> list[str]:
+    """Flags of `specsplit target|draft`: the shared secret callers must send, serve TLS, and require client
+    certificates when mutual. With neither a secret nor mutual TLS the worker would listen on loopback only: the
+    pod then opts out explicitly (its NetworkPolicy still admits only the coordinator)."""
+    args = ["--worker-secret-file", _worker_secret_file()] if worker_auth else []
+    if not worker_auth and not (tls is not None and tls.mutual):
+        args.append("--allow-unauthenticated")
     if tls is None:
-        return []
-    args = ["--tls-cert", _file(naming.TLS_DIR, naming.TLS_CERT_KEY),
+        return args
+    args += ["--tls-cert", _file(naming.TLS_DIR, naming.TLS_CERT_KEY),
             "--tls-key", _file(naming.TLS_DIR, naming.TLS_KEY_KEY)]
     if tls.mutual:
         args += ["--tls-client-ca", _file(naming.TLS_DIR, naming.TLS_CA_KEY)]
     return args
 
 
-def coordinator_args(coordinator: CoordinatorSpec, tls: InternalTLS | None) -> list[str]:
+def coordinator_args(coordinator: CoordinatorSpec, tls: InternalTLS | None, worker_auth: str | None = None) -> list[str]:
     """Flags of `specsplit coordinator`: its public port (TLS, tokens) and its calls to the workers."""
-    args: list[str] = []
+    args: list[str] = ["--worker-secret-file", _worker_secret_file()] if worker_auth else []
     if coordinator.tls_secret_name:
         args += ["--tls-cert", _file(naming.PUBLIC_TLS_DIR, naming.TLS_CERT_KEY),
                  "--tls-key", _file(naming.PUBLIC_TLS_DIR, naming.TLS_KEY_KEY)]
@@ -72,20 +82,28 @@ def _internal_tls_volume(tls: InternalTLS) -> tuple[dict[str, Any], dict[str, An
     return _secret_volume(INTERNAL_TLS_VOLUME, tls.secret_name, keys, naming.TLS_DIR)
 
 
-def worker_volumes(tls: InternalTLS | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(volumes, volumeMounts) a worker pod needs for internal TLS."""
-    if tls is None:
-        return [], []
-    volume, mount = _internal_tls_volume(tls)
-    return [volume], [mount]
+def _worker_auth_volume(secret_name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    return _secret_volume(WORKER_AUTH_VOLUME, secret_name, (naming.WORKER_AUTH_KEY,), naming.WORKER_AUTH_DIR)
 
 
-def coordinator_volumes(coordinator: CoordinatorSpec, tls: InternalTLS | None
+def worker_volumes(tls: InternalTLS | None, worker_auth: str | None = None
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, volumeMounts) a worker pod needs for internal TLS and the workers' secret."""
+    pairs = [_internal_tls_volume(tls)] if tls is not None else []
+    if worker_auth:
+        pairs.append(_worker_auth_volume(worker_auth))
+    return [volume for volume, _ in pairs], [mount for _, mount in pairs]
+
+
+def coordinator_volumes(coordinator: CoordinatorSpec, tls: InternalTLS | None, worker_auth: str | None = None
                         ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(volumes, volumeMounts) the coordinator pod needs for internal TLS, public TLS and tokens."""
+    """(volumes, volumeMounts) the coordinator pod needs for internal TLS, public TLS, tokens and the workers'
+    secret."""
     pairs = []
     if tls is not None:
         pairs.append(_internal_tls_volume(tls))
+    if worker_auth:
+        pairs.append(_worker_auth_volume(worker_auth))
     if coordinator.tls_secret_name:
         pairs.append(_secret_volume(PUBLIC_TLS_VOLUME, coordinator.tls_secret_name,
                                     (naming.TLS_CERT_KEY, naming.TLS_KEY_KEY), naming.PUBLIC_TLS_DIR))

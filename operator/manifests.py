@@ -119,25 +119,27 @@ def coordinator_command(instance: str, spec: DeploymentSpec) -> list[str]:
         "--draft-variants-file", f"{naming.CONFIG_DIR}/{naming.VARIANTS_KEY}",
         "--port", str(naming.GRPC_PORT),
         "--metrics-port", str(naming.METRICS_PORT),
+        "--metrics-host", "0.0.0.0",  # scraped from other pods; the NetworkPolicy admits only the scrapers
         "--num-speculative-tokens", str(spec.num_speculative_tokens),
-        *grpc_security.coordinator_args(spec.coordinator, spec.tls),
+        *grpc_security.coordinator_args(spec.coordinator, spec.tls, spec.worker_auth_secret_name),
     ]
 
 
-def worker_command(role: str, model: str, tensor_parallel_size: int, tls: InternalTLS | None = None) -> list[str]:
+def worker_command(role: str, model: str, tensor_parallel_size: int, tls: InternalTLS | None = None,
+                   worker_auth: str | None = None) -> list[str]:
     """`model`: for a draft, what its pool runs (draft_source.py): a model, or the n-gram proposer's flags."""
     source = draft_flags(model) if role == naming.DRAFT else ["--model", model]
     command = ["specsplit", role, *source,
-               "--port", str(naming.GRPC_PORT), "--metrics-port", str(naming.METRICS_PORT)]
+               "--port", str(naming.GRPC_PORT), "--metrics-port", str(naming.METRICS_PORT), "--metrics-host", "0.0.0.0"]
     if tensor_parallel_size > 1:  # one process per GPU of the pod; this one serves as rank 0
         command += ["--tensor-parallel-size", str(tensor_parallel_size)]
-    return command + grpc_security.worker_args(tls)
+    return command + grpc_security.worker_args(tls, worker_auth)
 
 
 def coordinator_deployment(instance: str, spec: DeploymentSpec) -> dict[str, Any]:
     volumes = [{"name": "config", "configMap": {"name": naming.config_map_name(instance)}}]
     mounts = [{"name": "config", "mountPath": naming.CONFIG_DIR, "readOnly": True}]
-    secret_volumes, secret_mounts = grpc_security.coordinator_volumes(spec.coordinator, spec.tls)
+    secret_volumes, secret_mounts = grpc_security.coordinator_volumes(spec.coordinator, spec.tls, spec.worker_auth_secret_name)
     probe = grpc_security.health_check(tls_served=spec.coordinator.tls_secret_name is not None)
     return _deployment(instance, spec, naming.COORDINATOR, replicas=spec.coordinator.replicas,
                        command=coordinator_command(instance, spec), resources=spec.coordinator.resources,
@@ -155,12 +157,13 @@ def worker_deployment(instance: str, spec: DeploymentSpec, component: str, role:
         # NCCL between the shards of one pod needs more shared memory than the container default (64 MiB).
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
-    secret_volumes, secret_mounts = grpc_security.worker_volumes(spec.tls)
+    secret_volumes, secret_mounts = grpc_security.worker_volumes(spec.tls, spec.worker_auth_secret_name)
     resources = role.resources
     if command_role == naming.DRAFT and is_ngram(model):  # no model: no GPU, whatever the model draft pool takes
         resources = dataclasses.replace(resources, gpus=0)
     return _deployment(instance, spec, component, replicas=replicas,
-                       command=worker_command(command_role, model, role.tensor_parallel_size, spec.tls),
+                       command=worker_command(command_role, model, role.tensor_parallel_size, spec.tls,
+                                              spec.worker_auth_secret_name),
                        resources=resources, extra_volumes=volumes + secret_volumes,
                        extra_mounts=mounts + secret_mounts,
                        health_check=grpc_security.health_check(tls_served=spec.tls is not None),

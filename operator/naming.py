@@ -43,6 +43,9 @@ TLS_CERT_KEY, TLS_KEY_KEY, TLS_CA_KEY = "tls.crt", "tls.key", "ca.crt"
 # TLS of the coordinator's public port (tls.crt, tls.key), and the bearer tokens its clients must send.
 PUBLIC_TLS_DIR = "/etc/specsplit/public-tls"
 AUTH_DIR = "/etc/specsplit/auth"
+# The workers' shared secret (key `secret`), in the coordinator and every worker (services/rpc/worker_credentials.py).
+WORKER_AUTH_DIR = "/etc/specsplit/worker-auth"
+WORKER_AUTH_KEY = "secret"
 AUTH_TOKENS_KEY = "tokens"
 
 # Names of the draft variants in the coordinator's variants file and its /v1/canary report.

@@ -149,6 +149,9 @@ class DeploymentSpec:
     model_cache_size_limit: str | None
     otlp_endpoint: str | None
     tls: InternalTLS | None
+    # A Secret whose key `secret` every worker call must carry; None: workers are admitted by mutual TLS, or
+    # (neither set) run with --allow-unauthenticated behind their NetworkPolicy. The Helm chart always sets one.
+    worker_auth_secret_name: str | None = None
 
 
 _REQUIRED = object()
@@ -413,6 +416,11 @@ def _internal_tls(fields: _Fields) -> InternalTLS:
     )
 
 
+def _worker_auth(fields: _Fields) -> str:
+    fields.only("secretName")
+    return fields.name("secretName")
+
+
 def _image_pull_secrets(fields: _Fields) -> tuple[str, ...]:
     """LocalObjectReferences ({name: SECRET}) in the spec; the names alone in the typed value."""
     names = []
@@ -432,7 +440,7 @@ def parse_spec(raw: Mapping[str, Any] | None, name: str | None = None) -> Deploy
                       f"characters starting with a letter, to name the Services NAME-target, NAME-draft-canary, ...")
     top = _Fields(raw, "spec", errors)
     top.only("image", "imagePullPolicy", "imagePullSecrets", "numSpeculativeTokens", "target", "draft", "coordinator",
-             "canary", "autoscaling", "modelCache", "telemetry", "tls")
+             "canary", "autoscaling", "modelCache", "telemetry", "tls", "workerAuth")
     image = top.string("image")
     pull_policy = top.string("imagePullPolicy", None, choices=PULL_POLICIES)
     pull_secrets = _image_pull_secrets(top)
@@ -486,6 +494,7 @@ def parse_spec(raw: Mapping[str, Any] | None, name: str | None = None) -> Deploy
         model_cache_size_limit=cache.string("sizeLimit", None),
         otlp_endpoint=telemetry.string("otlpEndpoint", None),
         tls=_internal_tls(top.child("tls")) if top.has("tls") else None,
+        worker_auth_secret_name=_worker_auth(top.child("workerAuth")) if top.has("workerAuth") else None,
     )
     if errors:
         raise InvalidSpecError(errors)

@@ -3,6 +3,8 @@
 from dataclasses import dataclass, field
 
 from specsplit.services.errors import InvalidArgument
+from specsplit.services.request_limits import INT32_MAX, UINT32_MAX, check_temperature, check_top_k, check_top_p, \
+    effective_temperature
 from specsplit.services.target.acceptance_method import check_acceptance
 
 MAX_LOGPROBS = 20
@@ -32,22 +34,20 @@ class SamplingParams:
         return self.temperature == 0.0
 
     def validate(self, max_speculative_tokens: int = 16) -> "SamplingParams":
-        if not (self.temperature >= 0.0) or self.temperature > 100.0:
-            raise InvalidArgument(f"temperature must be in [0, 100], got {self.temperature}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise InvalidArgument(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise InvalidArgument(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if self.max_tokens < 1:
-            raise InvalidArgument(f"max_tokens must be >= 1, got {self.max_tokens}")
+        check_temperature(self.temperature)
+        self.temperature = effective_temperature(self.temperature)  # tiny positive temperatures are greedy
+        check_top_p(self.top_p)
+        check_top_k(self.top_k)
+        if not (1 <= self.max_tokens <= UINT32_MAX):
+            raise InvalidArgument(f"max_tokens must be in [1, {UINT32_MAX}], got {self.max_tokens}")
         if self.seed is not None and not (0 <= self.seed < 2**63):
             raise InvalidArgument(f"seed must be in [0, 2^63), got {self.seed}")
         if len(self.stop) > MAX_STOP_STRINGS or any(not s or len(s) > MAX_STOP_STRING_LENGTH for s in self.stop):
             raise InvalidArgument(
                 f"stop takes at most {MAX_STOP_STRINGS} non-empty strings of at most {MAX_STOP_STRING_LENGTH} chars"
             )
-        if any(t < 0 for t in self.stop_token_ids):
-            raise InvalidArgument("stop_token_ids must be non-negative")
+        if any(not 0 <= t <= INT32_MAX for t in self.stop_token_ids):
+            raise InvalidArgument(f"stop_token_ids must be in [0, {INT32_MAX}]")
         if self.logprobs is not None and not (0 <= self.logprobs <= MAX_LOGPROBS):
             raise InvalidArgument(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         k = self.num_speculative_tokens

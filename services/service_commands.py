@@ -1,6 +1,7 @@
 """`specsplit target | draft | coordinator | serve`: run the services, each its own process."""
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from specsplit.services.draft.proposer_flags import add_proposer_args, ngram_opt
 from specsplit.services.models.weight_formats import DRAFT_ONLY_FORMATS, WEIGHT_FORMATS
 from specsplit.services.runtime.cpu_threads import add_threads_arg, apply_threads
 from specsplit.services.rpc.security import ChannelSecurity, add_server_tls_args, read_tokens, server_security_from_args
+from specsplit.services.rpc.worker_credentials import WORKER_SECRET_ENV, load_worker_secret, new_worker_secret
 from specsplit.services.target.acceptance_flags import acceptance_argv, acceptance_policy_from_args, add_acceptance_args
 
 
@@ -48,6 +50,7 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
         if role == "draft":
             add_proposer_args(p)
         add_server_tls_args(p)
+        add_worker_secret_args(p, worker=True)
         add_metrics_port_arg(p)
         add_model_args(p)
         p.set_defaults(handler=_run_worker, role=role)
@@ -78,6 +81,7 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
     c.add_argument("--worker-tls-cert", help="client certificate for workers that require mutual TLS")
     c.add_argument("--worker-tls-key", help="its private key")
     c.add_argument("--worker-tls-server-name", help="name to verify in workers' certificates (default: the address's host)")
+    add_worker_secret_args(c, worker=False)
     add_metrics_port_arg(c)
     add_threads_arg(c, "coordinator")
     c.set_defaults(handler=_run_coordinator)
@@ -94,6 +98,7 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
     s.add_argument("--port", type=int, default=50051, help="the coordinator's port (0 = any)")
     s.add_argument("--metrics-port", type=int, default=9090,
                    help="the coordinator's metrics port (0 = any, -1 = none); the workers' are chosen free and printed")
+    add_metrics_host_arg(s)
     add_sampling_args(s)
     add_model_args(s)
     add_weight_format_args(s)
@@ -152,10 +157,28 @@ def add_logprobs_switch_arg(p) -> None:
                    "the target alone")
 
 
+def add_worker_secret_args(p, worker: bool) -> None:
+    """The workers' shared secret (services/rpc/worker_credentials.py); never a value on the command line."""
+    p.add_argument("--worker-secret-file", default=None, metavar="PATH",
+                   help=("require this shared secret on every call (default: $SPECSPLIT_WORKER_SECRET; with neither, "
+                         "nor --tls-client-ca, the worker listens on 127.0.0.1 only)") if worker else
+                   "send this shared secret on every worker call (default: $SPECSPLIT_WORKER_SECRET)")
+    if worker:
+        p.add_argument("--allow-unauthenticated", action="store_true",
+                       help="listen on --host without a secret or mutual TLS (only on a network that is itself private)")
+
+
 def add_metrics_port_arg(p) -> None:
     p.add_argument("--metrics-port", type=int, default=9090,
                    help="Prometheus /metrics (and the coordinator's /v1/canary) on this port; 0 = any free port "
                    "(printed), -1 = none")
+    add_metrics_host_arg(p)
+
+
+def add_metrics_host_arg(p) -> None:
+    p.add_argument("--metrics-host", default="127.0.0.1",
+                   help="address of the metrics port (plain HTTP, no authentication: loopback by default; 0.0.0.0 "
+                   "where a scraper must reach it, behind a NetworkPolicy as the Helm chart sets it)")
 
 
 def parse_draft_variants(args) -> list[tuple[str, float, list[str]]]:
@@ -187,7 +210,8 @@ def _run_worker(args) -> int:
         if args.synthetic_acceptance is not None:
             options["synthetic_acceptance"] = args.synthetic_acceptance
     asyncio.run(serve_worker(args.role, args.model, args.host, args.port, args.lease_seconds, args.metrics_port,
-                             security=server_security_from_args(args), **options))
+                             security=server_security_from_args(args), secret=load_worker_secret(args.worker_secret_file),
+                             allow_unauthenticated=args.allow_unauthenticated, metrics_host=args.metrics_host, **options))
     return 0
 
 
@@ -207,13 +231,15 @@ def _run_coordinator(args) -> int:
         logprobs_while_speculating=args.logprobs_while_speculating,
         call_deadlines=deadline_settings_from_args(args),
     )
-    worker_security = ChannelSecurity(args.worker_tls_ca, args.worker_tls_cert, args.worker_tls_key, args.worker_tls_server_name)
+    worker_security = ChannelSecurity(args.worker_tls_ca, args.worker_tls_cert, args.worker_tls_key, args.worker_tls_server_name,
+                                      secret=load_worker_secret(args.worker_secret_file))
     tokens = read_tokens(args.auth_token_file) if args.auth_token_file else None
     targets = [a for a in args.target.split(",") if a]
     if args.draft_variants_file and (args.draft or args.draft_variant):
         raise SystemExit("give either --draft/--draft-variant or --draft-variants-file, not both")
     asyncio.run(serve_coordinator(targets, parse_draft_variants(args), args.host, args.port, args.tokenizer, config,
-                                  metrics_port=args.metrics_port, draft_variants_file=args.draft_variants_file,
+                                  metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+                                  draft_variants_file=args.draft_variants_file,
                                   security=server_security_from_args(args), worker_security=worker_security, auth_tokens=tokens))
     return 0
 
@@ -248,6 +274,8 @@ def _run_serve(args) -> int:
     if not args.prefix_caching:
         model_flags += ["--no-prefix-caching"]
     acceptance_policy_from_args(args)  # refuse bad values before anything starts
+    # The workers and the coordinator share a fresh secret, through the environment (not argv, which `ps` shows).
+    env = {**os.environ, WORKER_SECRET_ENV: new_worker_secret()}
     processes = []
     try:
         drafting = f" and draft ({args.draft})" if args.draft else " and the n-gram proposer" if ngram else ""
@@ -257,10 +285,11 @@ def _run_serve(args) -> int:
                                              "--weights", args.target_weights, "--layout-k", str(k if speculating else 0),
                                              "--threads", str(args.target_threads), *model_flags, *worker_metrics,
                                              *acceptance_argv(args),
-                                             "--tensor-parallel-size", str(args.target_tensor_parallel_size)])
+                                             "--tensor-parallel-size", str(args.target_tensor_parallel_size)], env)
         processes.append(target)
         coordinator_argv = ["coordinator", "--target", target_addr, "--host", args.host, "--port", str(args.port),
                             "-k", str(k if speculating else 0), "--metrics-port", str(args.metrics_port),
+                            "--metrics-host", args.metrics_host,
                             "--speculation", args.speculation, "--overlap", args.overlap,
                             "--threads", str(args.coordinator_threads)]
         if not args.logprobs_while_speculating:
@@ -269,17 +298,19 @@ def _run_serve(args) -> int:
             draft, draft_addr = spawn_service(["draft", "--model", args.draft, "--host", "127.0.0.1", "--port", "0",
                                                "--weights", args.draft_weights, "--layout-k", str(k),
                                                "--threads", str(args.draft_threads), *model_flags, *worker_metrics,
-                                               "--tensor-parallel-size", str(args.draft_tensor_parallel_size)])
+                                               "--tensor-parallel-size", str(args.draft_tensor_parallel_size)], env)
             processes.append(draft)
             coordinator_argv += ["--draft", draft_addr]
         elif ngram:
             draft, draft_addr = spawn_service(["draft", *proposer_argv(args), "--host", "127.0.0.1", "--port", "0",
-                                               *worker_metrics])
+                                               *worker_metrics], env)
             processes.append(draft)
             coordinator_argv += ["--draft", draft_addr]
-        coordinator, address = spawn_service(coordinator_argv)
+        coordinator, address = spawn_service(coordinator_argv, env)
         processes.append(coordinator)
         print(f"specsplit serving on {address}", flush=True)
+        for line in (line for p in processes[:-1] for line in p.startup_lines if " listening on " in line):
+            print(line, file=sys.stderr)  # the workers (on loopback, requiring the secret)
         for line in (line for p in processes for line in p.startup_lines if " metrics on " in line or " CPU threads" in line):
             print(line, file=sys.stderr)
         if args.prompt is not None or args.prompt_ids:

@@ -18,3 +18,13 @@ def encode_prompt(tokenizer, prompt: str | list[int], chat: bool = False) -> lis
         )
         return list(ids["input_ids"] if isinstance(ids, dict) else ids)
     return tokenizer.encode(prompt, add_special_tokens=True)
+
+
+def encode_prompt_off_loop(tokenizer, prompt: str | list[int], chat: bool = False) -> list[int]:
+    """encode_prompt for a worker thread, with the same ids. A fast tokenizer's backend encodes plain text through
+    `encode_batch`, which releases the GIL (its `encode` does not), and only the ids are converted to Python (the
+    offsets and masks transformers also builds would hold the GIL for a long prompt)."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if chat or not isinstance(prompt, str) or not prompt or not hasattr(backend, "encode_batch"):
+        return encode_prompt(tokenizer, prompt, chat)
+    return backend.encode_batch([prompt], add_special_tokens=True)[0].ids

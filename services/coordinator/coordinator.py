@@ -15,6 +15,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass, field
 
+from specsplit.services.coordinator.admission import apply_model_limits, check_encodable, new_handle, new_request_id
 from specsplit.services.coordinator.call_deadlines import DeadlineSettings
 from specsplit.services.coordinator.generation import GenerationRequest, GenerationResult, TokenEvent
 from specsplit.services.coordinator.overlap_policy import OverlapPolicy
@@ -89,16 +90,17 @@ class Coordinator:
             )
         if not request.prompt_token_ids:
             raise InvalidArgument("prompt must not be empty")
+        max_len = self.max_model_len  # checked first: it is O(1), the vocabulary check reads every token
+        if max_len and len(request.prompt_token_ids) >= max_len:
+            raise InvalidArgument(f"prompt of {len(request.prompt_token_ids)} tokens exceeds the context of {max_len}")
         vocab = self.targets.replicas[0].vocab_size if self.targets.replicas else None
         if vocab is not None and any(not 0 <= t < vocab for t in request.prompt_token_ids):
             raise InvalidArgument(f"prompt token ids must be in [0, {vocab})")
-        max_len = self.max_model_len
-        if max_len and len(request.prompt_token_ids) >= max_len:
-            raise InvalidArgument(f"prompt of {len(request.prompt_token_ids)} tokens exceeds the context of {max_len}")
+        apply_model_limits(params, vocab)
         if len(self.waiting) >= self.config.max_waiting:
             raise ResourceExhausted(f"queue full ({self.config.max_waiting} requests waiting); retry later")
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
-        handle = f"{self.id}-{next(self._counter)}"
+        handle = new_handle()
         sequence = SequenceState(
             request=request,
             handle=handle,
@@ -108,8 +110,9 @@ class Coordinator:
             draft_variant="",
             committed=list(request.prompt_token_ids),
         )
+        check_encodable(sequence.sampling)
         if not request.request_id:
-            request.request_id = handle
+            request.request_id = new_request_id()
         log.debug("admitted %s (%d prompt tokens, max %d new)", handle, len(request.prompt_token_ids), params.max_tokens)
         self.telemetry.request_started(sequence)
         self.waiting.append(sequence)

@@ -26,8 +26,13 @@ from dataclasses import dataclass
 from specsplit.services.coordinator.replica_pools import ReplicaPool
 from specsplit.services.draft.ngram_proposer import DEFAULT_NGRAM_MAX, DEFAULT_NGRAM_MIN, check_ngram_range
 from specsplit.services.errors import InvalidArgument
+from specsplit.services.request_limits import MAX_VARIANT_NAME_BYTES, check_finite_weight, check_string
 
 log = logging.getLogger(__name__)
+
+# Weights are relative shares. Infinity or 1e308 made every pick fail (every request UNAVAILABLE) and NaN was
+# silently ignored: anything non-finite, negative or above this is refused and the last good file stays.
+MAX_VARIANT_WEIGHT = 1e6
 
 
 PROPOSER_KINDS = ("model", "ngram")
@@ -60,12 +65,11 @@ def parse_draft_variants(text: str) -> list[DraftVariantSpec]:
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
             raise InvalidArgument(f"each variant needs a name: {entry!r}")
         name = entry["name"]
+        check_string("variant name", name, MAX_VARIANT_NAME_BYTES)
         if name in names:
             raise InvalidArgument(f"variant '{name}' appears twice")
         names.add(name)
-        weight = entry.get("weight", 1)
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight < 0:
-            raise InvalidArgument(f"variant '{name}': weight must be a number >= 0, got {weight!r}")
+        weight = check_finite_weight(f"variant '{name}'", entry.get("weight", 1), MAX_VARIANT_WEIGHT)
         addresses = entry.get("addresses", [])
         if not isinstance(addresses, list) or not all(isinstance(a, str) and a.rpartition(":")[2].isdigit() for a in addresses):
             raise InvalidArgument(f"variant '{name}': addresses must be a list of HOST:PORT")
@@ -117,7 +121,9 @@ class DraftVariantsWatcher:
         while True:
             try:
                 await self.poll()
-            except Exception:  # a bad edit must not stop the watching: the last good variants stay
+            except InvalidArgument as error:  # a bad edit: say why in one line; the last good variants stay
+                log.error("draft variants file %s refused, keeping the last good variants: %s", self.path, error)
+            except Exception:  # anything else must not stop the watching either
                 log.exception("draft variants file %s", self.path)
             await asyncio.sleep(self.poll_seconds)
 

@@ -11,6 +11,7 @@ from specsplit.services.errors import Unavailable
 from specsplit.services.rpc import worker_messages as msg
 from specsplit.services.rpc.server import MAX_MESSAGE_BYTES
 from specsplit.services.rpc.status_codes import error_from_rpc
+from specsplit.services.rpc.worker_credentials import worker_call_metadata
 from specsplit.services.telemetry.trace_propagation import outgoing_metadata
 
 CHANNEL_OPTIONS = [
@@ -59,6 +60,7 @@ class _GrpcWorkerClient:
         else:
             self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self.stub = self.stub_class(self.channel)
+        self._metadata = worker_call_metadata(security.secret if security is not None else None)
         self.info: worker_pb2.WorkerInfo | None = None
         self.stream = None
         if transport == "stream":
@@ -83,8 +85,11 @@ class _GrpcWorkerClient:
         deadline = asyncio.get_running_loop().time() + timeout
         while True:
             try:
-                self.info = await self.stub.Describe(worker_pb2.DescribeRequest(), timeout=5.0)
+                self.info = await self.stub.Describe(worker_pb2.DescribeRequest(), timeout=5.0, metadata=self._metadata)
             except grpc.RpcError as error:
+                if error.code() == grpc.StatusCode.UNAUTHENTICATED:  # waiting will not help
+                    raise Unavailable(f"{self.role} at {self.address} refused this coordinator: {error.details()} "
+                                      "(give it the workers' secret: --worker-secret-file or $SPECSPLIT_WORKER_SECRET)") from None
                 if asyncio.get_running_loop().time() > deadline:
                     raise Unavailable(f"{self.role} at {self.address} did not answer: {error.details()}") from None
                 await asyncio.sleep(0.5)
@@ -101,7 +106,7 @@ class _GrpcWorkerClient:
 
     async def _call(self, method, request):
         try:
-            return await method(request, timeout=self.call_timeout, metadata=outgoing_metadata())
+            return await method(request, timeout=self.call_timeout, metadata=self._metadata + (outgoing_metadata() or ()))
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
 

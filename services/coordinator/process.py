@@ -58,6 +58,7 @@ async def serve_coordinator(
     config: CoordinatorConfig | None = None,
     connect_timeout: float = 300.0,
     metrics_port: int = -1,
+    metrics_host: str = "127.0.0.1",
     draft_variants_file: str | None = None,
     security=None,
     worker_security=None,
@@ -66,8 +67,11 @@ async def serve_coordinator(
     target_pool, draft_pools = await connect_pools(targets, draft_variants, connect_timeout, worker_security)
     first = target_pool.replicas[0].info
     tok = load_tokenizer(tokenizer or first.model_path)
+    if tok is None:
+        log.warning("no tokenizer: the target does not say where its model is (it admits unauthenticated callers); "
+                    "give --tokenizer MODEL for text prompts")
     coordinator = Coordinator(target_pool, draft_pools, tok, list(first.eos_token_ids), config)
-    observability = observe_coordinator(coordinator, first.model, host, metrics_port)  # metrics_port < 0: none
+    observability = observe_coordinator(coordinator, first.model, metrics_host, metrics_port)  # metrics_port < 0: none
     if draft_variants_file:
         from specsplit.services.coordinator.draft_variants_file import start_draft_variants_watcher
 

@@ -4,6 +4,7 @@ from specsplit.proto.v1 import generation_pb2
 from specsplit.services.coordinator.generation import GenerationResult, SpeculationStats, TokenEvent
 from specsplit.services.errors import InvalidArgument
 from specsplit.services.rpc.acceptance_messages import acceptance_method_from_pb, acceptance_method_pb
+from specsplit.services.request_limits import MAX_REQUEST_ID_BYTES, check_string
 from specsplit.services.rpc.logprob_messages import logprobs_from_pb, logprobs_pb
 from specsplit.services.sampling_params import SamplingParams
 
@@ -77,6 +78,12 @@ def params_from_pb(m: generation_pb2.GenerateRequest) -> SamplingParams:
         posterior_threshold=acceptance.posterior_threshold if acceptance.HasField("posterior_threshold") else None,
         posterior_alpha=acceptance.posterior_alpha if acceptance.HasField("posterior_alpha") else None,
     )
+
+
+def request_id_from_pb(m: generation_pb2.GenerateRequest) -> str:
+    """The caller's request_id, bounded: it is echoed in every stream message."""
+    check_string("request_id", m.request_id, MAX_REQUEST_ID_BYTES)
+    return m.request_id
 
 
 def prompt_from_pb(m: generation_pb2.GenerateRequest):

@@ -101,6 +101,8 @@ class DraftProposer:
                     raise InvalidArgument(f"k must be in [0, {self.max_speculative_tokens}], got {item.k}")
                 if not item.delta:
                     raise InvalidArgument("delta must hold at least the last committed token")
+                if min(item.delta) < 0 or max(item.delta) >= self.runner.vocab_size:
+                    raise InvalidArgument(f"token ids must be in [0, {self.runner.vocab_size})")
                 sequence = self.sequences.get(item.handle)
                 self.sequences.rewind(sequence, item.cached_len)
                 k = self._reserve(sequence, len(item.delta), item.k)

@@ -7,6 +7,8 @@ same calls, and Describe says which kind serves (`proposer`), so the coordinator
 from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
 from specsplit.services.draft.proposer import DraftProposer
 from specsplit.services.rpc import worker_messages as msg
+from specsplit.services.rpc.invalid_items import valid_items_only
+from specsplit.services.rpc.worker_credentials import bind_handles, caller_owner, owned_handles
 from specsplit.services.rpc.step_batcher import StepBatcher
 from specsplit.services.rpc.worker_info import worker_info
 from specsplit.services.telemetry.worker_telemetry import WorkerTelemetry
@@ -16,11 +18,12 @@ class DraftService(worker_pb2_grpc.DraftWorkerServicer):
     def __init__(self, proposer: DraftProposer, model_name: str):
         self.proposer = proposer
         self.model_name = model_name
+        self.describe_model_path = True  # False on a worker open to unauthenticated callers (worker_process.py)
         self.telemetry = WorkerTelemetry("draft", proposer.runner, proposer.sequences, proposer=proposer.kind)
         self.batcher = StepBatcher(
             self.telemetry.instrument({
-                "prefill": proposer.prefill,
-                "propose": proposer.propose,
+                "prefill": valid_items_only(proposer.prefill),
+                "propose": valid_items_only(proposer.propose),
                 "release": lambda handles: [proposer.sequences.release(h) for h in handles],
                 "expire": lambda ages: [proposer.sequences.release_idle(a) for a in ages],
             }),
@@ -29,11 +32,11 @@ class DraftService(worker_pb2_grpc.DraftWorkerServicer):
         self.telemetry.watch(self.batcher)
 
     async def Prefill(self, request, context):
-        items = self.telemetry.received(msg.draft_prefill_items(request), context)
+        items = self.telemetry.received(bind_handles(msg.draft_prefill_items(request), caller_owner(context)), context)
         return msg.draft_prefill_response(await self.batcher.submit("prefill", items))
 
     async def Propose(self, request, context):
-        items = self.telemetry.received(msg.propose_items(request), context)
+        items = self.telemetry.received(bind_handles(msg.propose_items(request), caller_owner(context)), context)
         return msg.propose_response(await self.batcher.submit("propose", items))
 
     async def ProposeStream(self, requests, context):
@@ -41,12 +44,13 @@ class DraftService(worker_pb2_grpc.DraftWorkerServicer):
             yield await self.Propose(request, context)
 
     async def Release(self, request, context):
-        released = await self.batcher.submit("release", list(request.handles))
+        released = await self.batcher.submit("release", owned_handles(request.handles, caller_owner(context)))
         return worker_pb2.ReleaseResponse(released=sum(bool(r) for r in released))
 
     async def Describe(self, request, context):
         return worker_info("draft", self.model_name, self.proposer.runner, self.proposer.sequences, self.batcher,
-                           proposer=self.proposer.kind, max_model_len=self.proposer.max_model_len)
+                           proposer=self.proposer.kind, max_model_len=self.proposer.max_model_len,
+                           with_path=self.describe_model_path)
 
     def add_to(self, server) -> None:
         worker_pb2_grpc.add_DraftWorkerServicer_to_server(self, server)

@@ -5,16 +5,19 @@
 - The coordinator dials workers with `--worker-tls-ca` (and a client certificate for mutual TLS); workers behind a
   headless Service are dialled by pod IP, so the name checked in their certificate is set apart from the address.
 - The public API can require `authorization: Bearer TOKEN` (tokens from a file, one per line). Tokens are compared
-  in constant time and never logged; health checking and reflection stay open for probes.
+  exactly, in constant time, and never logged; peers that keep failing are throttled (auth_throttle.py); health
+  checking and reflection stay open for probes.
+- Workers require a shared secret on every call (worker_credentials.py) unless mutual TLS admits their callers.
 """
 
-import hmac
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
-PUBLIC_OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+from specsplit.services.rpc.caller_auth import OPEN_SERVICES, SecretCheckInterceptor, bearer_token
+
+PUBLIC_OPEN_SERVICES = OPEN_SERVICES
 
 
 def _read(path: str | None) -> bytes | None:
@@ -47,6 +50,7 @@ class ChannelSecurity:
     cert_file: str | None = None
     key_file: str | None = None
     server_name: str | None = None  # the name to verify in the server's certificate
+    secret: str | None = None  # the workers' shared secret, sent on every call (worker_credentials.py)
 
     @property
     def enabled(self) -> bool:
@@ -68,41 +72,12 @@ def read_tokens(path: str) -> list[str]:
     return tokens
 
 
-class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
-    """Refuse calls without a valid bearer token with UNAUTHENTICATED (health and reflection stay open)."""
+class BearerTokenInterceptor(SecretCheckInterceptor):
+    """Refuse calls without a valid bearer token with UNAUTHENTICATED (health and reflection stay open); the token is
+    compared exactly (case-sensitive, scheme `Bearer`), in constant time, and peers that keep failing are throttled."""
 
     def __init__(self, tokens: list[str]):
-        self._tokens = [t.encode() for t in tokens]
-
-    async def intercept_service(self, continuation, handler_call_details):
-        method = handler_call_details.method
-        if method.startswith(PUBLIC_OPEN_SERVICES):
-            return await continuation(handler_call_details)
-        metadata = dict(handler_call_details.invocation_metadata or ())
-        header = metadata.get("authorization", "")
-        presented = header[7:].encode() if header.lower().startswith("bearer ") else b""
-        if presented and any(hmac.compare_digest(presented, t) for t in self._tokens):
-            return await continuation(handler_call_details)
-        return _deny(await continuation(handler_call_details))
-
-
-def _deny(handler):
-    message = "missing or invalid bearer token"
-
-    async def unary(request, context):
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
-    async def stream(request, context):
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-        yield  # pragma: no cover - makes this an async generator
-
-    if handler is None:
-        return None
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(stream, request_deserializer=handler.request_deserializer,
-                                                    response_serializer=handler.response_serializer)
-    return grpc.unary_unary_rpc_method_handler(unary, request_deserializer=handler.request_deserializer,
-                                               response_serializer=handler.response_serializer)
+        super().__init__([t.encode() for t in tokens], bearer_token, "missing or invalid bearer token")
 
 
 def add_server_tls_args(p) -> None:

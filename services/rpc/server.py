@@ -6,6 +6,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from specsplit.services.rpc.malformed_requests import MalformedRequestInterceptor
+
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -24,7 +26,8 @@ SERVER_OPTIONS = [
 async def start_server(add_servicers, service_names: list[str], host: str, port: int, interceptors=(), security=None):
     """Start a server with the given servicers plus health and reflection; returns (server, bound port, health).
     `security` (a ServerSecurity) serves TLS, or mutual TLS when it names a client CA."""
-    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=list(interceptors))
+    # Innermost: requests that do not parse are refused (INVALID_ARGUMENT) before any servicer sees them.
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=[*interceptors, MalformedRequestInterceptor()])
     add_servicers(server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -3,8 +3,11 @@
 from specsplit.proto.v1 import worker_pb2
 
 
-def worker_info(role, model_name, runner, sequences, batcher, proposer: str = "", max_model_len: int = 0) -> worker_pb2.WorkerInfo:
-    """`runner` None: a draft without a model (the n-gram proposer), which holds no KV and takes any vocabulary."""
+def worker_info(role, model_name, runner, sequences, batcher, proposer: str = "", max_model_len: int = 0,
+                with_path: bool = True) -> worker_pb2.WorkerInfo:
+    """`runner` None: a draft without a model (the n-gram proposer), which holds no KV and takes any vocabulary.
+    `with_path`: name where the model was loaded from (for a coordinator loading its tokenizer from the same
+    storage) only to callers that proved who they are, or on loopback; others get its name alone."""
     if runner is None:
         return worker_pb2.WorkerInfo(role=role, model=model_name, vocab_size=0, max_model_len=max_model_len,
                                      sequences=len(sequences), queue_depth=batcher.queue_depth,
@@ -21,7 +24,7 @@ def worker_info(role, model_name, runner, sequences, batcher, proposer: str = ""
         sequences=len(sequences),
         queue_depth=batcher.queue_depth,
         eos_token_ids=list(runner.config.eos_token_ids),
-        model_path=runner.loaded.path,
+        model_path=runner.loaded.path if with_path else "",
         sequences_prefilled=sequences.created_total,
         proposer=proposer,
     )

@@ -8,11 +8,16 @@ import numpy as np
 import torch
 
 from specsplit.proto.v1 import worker_pb2
+from specsplit.services.errors import InvalidArgument
+from specsplit.services.request_limits import MAX_HANDLE_BYTES, check_string, check_temperature, check_top_k, \
+    check_top_p, effective_temperature
 from specsplit.services.rpc.acceptance_messages import acceptance_method_from_pb, acceptance_method_pb
 from specsplit.services.draft.proposer import DraftPrefill, Proposal, ProposeItem
 from specsplit.services.rpc.status_codes import code_number, error_from_status, status_code_for
 from specsplit.services.runtime.worker_sequences import WorkerSampling
 from specsplit.services.rpc.logprob_messages import logprobs_from_pb, logprobs_pb
+from specsplit.services.sampling_params import MAX_LOGPROBS
+from specsplit.services.target.acceptance_method import check_acceptance
 from specsplit.services.target.verifier import TargetPrefill, Verdict, VerifyItem
 
 OK = worker_pb2.ItemStatus(code=0)
@@ -31,9 +36,36 @@ def sampling_pb(s: WorkerSampling) -> worker_pb2.WorkerSampling:
 
 
 def sampling_from_pb(m: worker_pb2.WorkerSampling) -> WorkerSampling:
-    return WorkerSampling(m.temperature, m.top_k, m.top_p if m.top_p > 0 else 1.0, m.seed,
-                          acceptance_method_from_pb(m.acceptance_method), _optional(m, "posterior_threshold"),
-                          _optional(m, "posterior_alpha"))
+    """Checked like a public request's settings (a worker trusts no caller); raises InvalidArgument."""
+    top_p = m.top_p if m.top_p > 0 else 1.0
+    check_temperature(m.temperature)
+    check_top_k(m.top_k)
+    check_top_p(top_p)
+    threshold, alpha = _optional(m, "posterior_threshold"), _optional(m, "posterior_alpha")
+    check_acceptance(None, threshold, alpha)
+    return WorkerSampling(effective_temperature(m.temperature), m.top_k, top_p, m.seed,
+                          acceptance_method_from_pb(m.acceptance_method), threshold, alpha)
+
+
+def _checked(decode, items) -> list:
+    """Decode each item; one that fails its checks becomes its InvalidArgument, in place."""
+    out = []
+    for item in items:
+        try:
+            handle = item.handle
+            if not (0 < len(handle) <= MAX_HANDLE_BYTES and handle.isascii()):  # the usual handle: no call
+                check_string("sequence handle", handle, MAX_HANDLE_BYTES, required=True)
+            out.append(decode(item))
+        except InvalidArgument as error:
+            out.append(error)
+    return out
+
+
+def _logprobs(m):
+    n = _optional(m, "logprobs")
+    if n is not None and n > MAX_LOGPROBS:
+        raise InvalidArgument(f"logprobs must be in [0, {MAX_LOGPROBS}], got {n}")
+    return n
 
 
 def pack_ids(t: torch.Tensor) -> bytes:
@@ -68,8 +100,8 @@ def draft_prefill_request(items: list[DraftPrefill]) -> worker_pb2.DraftPrefillR
     )
 
 
-def draft_prefill_items(request: worker_pb2.DraftPrefillRequest) -> list[DraftPrefill]:
-    return [DraftPrefill(i.handle, list(i.token_ids), sampling_from_pb(i.sampling)) for i in request.items]
+def draft_prefill_items(request: worker_pb2.DraftPrefillRequest) -> list:
+    return _checked(lambda i: DraftPrefill(i.handle, list(i.token_ids), sampling_from_pb(i.sampling)), request.items)
 
 
 def draft_prefill_response(results: list) -> worker_pb2.DraftPrefillResponse:
@@ -93,8 +125,8 @@ def propose_request(items: list[ProposeItem]) -> worker_pb2.ProposeRequest:
     )
 
 
-def propose_items(request: worker_pb2.ProposeRequest) -> list[ProposeItem]:
-    return [ProposeItem(i.handle, i.cached_len, list(i.delta), i.k) for i in request.items]
+def propose_items(request: worker_pb2.ProposeRequest) -> list:
+    return _checked(lambda i: ProposeItem(i.handle, i.cached_len, list(i.delta), i.k), request.items)
 
 
 def propose_response(results: list) -> worker_pb2.ProposeResponse:
@@ -146,11 +178,9 @@ def target_prefill_request(items: list[TargetPrefill]) -> worker_pb2.TargetPrefi
     )
 
 
-def target_prefill_items(request: worker_pb2.TargetPrefillRequest) -> list[TargetPrefill]:
-    return [
-        TargetPrefill(i.handle, list(i.token_ids), sampling_from_pb(i.sampling), _optional(i, "logprobs"))
-        for i in request.items
-    ]
+def target_prefill_items(request: worker_pb2.TargetPrefillRequest) -> list:
+    return _checked(lambda i: TargetPrefill(i.handle, list(i.token_ids), sampling_from_pb(i.sampling), _logprobs(i)),
+                    request.items)
 
 
 def verify_request(items: list[VerifyItem]) -> worker_pb2.VerifyRequest:
@@ -169,22 +199,20 @@ def verify_request(items: list[VerifyItem]) -> worker_pb2.VerifyRequest:
 
 def verify_items(request: worker_pb2.VerifyRequest) -> list:
     """Malformed items become InvalidArgument errors in place, so the rest of the batch still runs."""
-    from specsplit.services.errors import InvalidArgument
 
-    out = []
-    for i in request.items:
+    def decode(i):
         k = len(i.draft_token_ids)
-        item = VerifyItem(i.handle, i.cached_len, list(i.delta), list(i.draft_token_ids), logprobs=_optional(i, "logprobs"),
+        item = VerifyItem(i.handle, i.cached_len, list(i.delta), list(i.draft_token_ids), logprobs=_logprobs(i),
                           bonus_guess=_optional(i, "bonus_guess"))
         if k:
             support = i.support
             if support < 1 or len(i.q_token_ids) != 4 * k * support or len(i.q_probs) != 4 * k * support:
-                out.append(InvalidArgument(f"q must hold {k} x {support} entries of 4 bytes; got {len(i.q_token_ids)} and {len(i.q_probs)} bytes"))
-                continue
+                raise InvalidArgument(f"q must hold {k} x {support} entries of 4 bytes; got {len(i.q_token_ids)} and {len(i.q_probs)} bytes")
             item.q_token_ids = unpack_ids(i.q_token_ids, k, support)
             item.q_probs = unpack_probs(i.q_probs, k, support)
-        out.append(item)
-    return out
+        return item
+
+    return _checked(decode, request.items)
 
 
 def verify_response(results: list) -> worker_pb2.VerifyResponse:

@@ -9,6 +9,7 @@ import sys
 from specsplit.services.models.loader import load_model
 from specsplit.services.models.layout_calibration import role_rows, use_calibrated_layout
 from specsplit.services.rpc.server import start_server
+from specsplit.services.rpc.worker_credentials import is_loopback, listen_host, worker_secret_interceptor
 from specsplit.services.runtime.model_runner import ModelRunner
 from specsplit.services.telemetry.service_observability import observe_worker
 
@@ -83,10 +84,14 @@ def _warm_up(worker, max_k: int) -> None:
 
 
 async def serve_worker(role: str, model: str, host: str, port: int, lease_seconds: float = 600.0, metrics_port: int = -1,
-                       security=None, **model_options) -> None:
+                       security=None, secret: str | None = None, allow_unauthenticated: bool = False,
+                       metrics_host: str = "127.0.0.1", **model_options) -> None:
+    host = listen_host(host, secret, bool(security and security.client_ca_file), allow_unauthenticated)
     service, service_name = build_worker_service(role, model, **model_options)
-    observability = observe_worker(role, service, host, metrics_port)  # metrics_port < 0: none
-    server, bound, _ = await start_server(service.add_to, [service_name], host, port, security=security)
+    observability = observe_worker(role, service, metrics_host, metrics_port)  # metrics_port < 0: none
+    interceptors = [worker_secret_interceptor(secret)] if secret else []
+    service.describe_model_path = bool(secret or (security and security.client_ca_file)) or is_loopback(host)
+    server, bound, _ = await start_server(service.add_to, [service_name], host, port, interceptors, security=security)
     print(f"specsplit {role} listening on {host}:{bound}", flush=True)
     sys.stdout.flush()
     stop = asyncio.Event()

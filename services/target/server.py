@@ -2,6 +2,8 @@
 
 from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
 from specsplit.services.rpc import worker_messages as msg
+from specsplit.services.rpc.invalid_items import valid_items_only
+from specsplit.services.rpc.worker_credentials import bind_handles, caller_owner, owned_handles
 from specsplit.services.rpc.step_batcher import StepBatcher
 from specsplit.services.rpc.worker_info import worker_info
 from specsplit.services.target.verifier import TargetVerifier
@@ -12,10 +14,11 @@ class TargetService(worker_pb2_grpc.TargetWorkerServicer):
     def __init__(self, verifier: TargetVerifier, model_name: str):
         self.verifier = verifier
         self.model_name = model_name
+        self.describe_model_path = True  # False on a worker open to unauthenticated callers (worker_process.py)
         self.telemetry = WorkerTelemetry("target", verifier.runner, verifier.sequences)
         self.batcher = StepBatcher(
             self.telemetry.instrument({
-                "prefill": verifier.prefill,
+                "prefill": valid_items_only(verifier.prefill),
                 "verify": self._verify,
                 "release": lambda handles: [verifier.sequences.release(h) for h in handles],
                 "expire": lambda ages: [verifier.sequences.release_idle(a) for a in ages],
@@ -31,11 +34,11 @@ class TargetService(worker_pb2_grpc.TargetWorkerServicer):
         return [i if isinstance(i, Exception) else next(verdicts) for i in items]
 
     async def Prefill(self, request, context):
-        items = self.telemetry.received(msg.target_prefill_items(request), context)
+        items = self.telemetry.received(bind_handles(msg.target_prefill_items(request), caller_owner(context)), context)
         return msg.verify_response(await self.batcher.submit("prefill", items))
 
     async def Verify(self, request, context):
-        items = self.telemetry.received(msg.verify_items(request), context)
+        items = self.telemetry.received(bind_handles(msg.verify_items(request), caller_owner(context)), context)
         return msg.verify_response(await self.batcher.submit("verify", items))
 
     async def VerifyStream(self, requests, context):
@@ -43,11 +46,12 @@ class TargetService(worker_pb2_grpc.TargetWorkerServicer):
             yield await self.Verify(request, context)
 
     async def Release(self, request, context):
-        released = await self.batcher.submit("release", list(request.handles))
+        released = await self.batcher.submit("release", owned_handles(request.handles, caller_owner(context)))
         return worker_pb2.ReleaseResponse(released=sum(bool(r) for r in released))
 
     async def Describe(self, request, context):
-        return worker_info("target", self.model_name, self.verifier.runner, self.verifier.sequences, self.batcher)
+        return worker_info("target", self.model_name, self.verifier.runner, self.verifier.sequences, self.batcher,
+                           self.describe_model_path)
 
     def add_to(self, server) -> None:
         worker_pb2_grpc.add_TargetWorkerServicer_to_server(self, server)

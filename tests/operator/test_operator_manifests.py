@@ -67,15 +67,17 @@ def test_pod_commands_follow_the_cli_contract() -> None:
     built = objects()
     assert container(built[("Deployment", "coder-target")])["command"] == [
         "specsplit", "target", "--model", "qwen2.5-coder-7b-instruct", "--port", "50051", "--metrics-port", "9090",
-        "--tensor-parallel-size", "2"]
+        "--metrics-host", "0.0.0.0", "--tensor-parallel-size", "2", "--allow-unauthenticated"]
     assert container(built[("Deployment", "coder-draft")])["command"] == [
-        "specsplit", "draft", "--model", "qwen2.5-coder-0.5b-instruct", "--port", "50051", "--metrics-port", "9090"]
+        "specsplit", "draft", "--model", "qwen2.5-coder-0.5b-instruct", "--port", "50051", "--metrics-port", "9090",
+        "--metrics-host", "0.0.0.0", "--allow-unauthenticated"]
     assert container(built[("Deployment", "coder-draft-canary")])["command"] == [
-        "specsplit", "draft", "--model", "draft-v2", "--port", "50051", "--metrics-port", "9090"]
+        "specsplit", "draft", "--model", "draft-v2", "--port", "50051", "--metrics-port", "9090",
+        "--metrics-host", "0.0.0.0", "--allow-unauthenticated"]
     assert container(built[("Deployment", "coder-coordinator")])["command"] == [
         "specsplit", "coordinator", "--target", "coder-target:50051",
         "--draft-variants-file", "/etc/specsplit/config/draft-variants.json",
-        "--port", "50051", "--metrics-port", "9090", "--num-speculative-tokens", "6"]
+        "--port", "50051", "--metrics-port", "9090", "--metrics-host", "0.0.0.0", "--num-speculative-tokens", "6"]
 
 
 def test_replicas_come_from_the_plan_and_the_spec() -> None:

@@ -85,3 +85,8 @@ Name of the SpeculativeDeployment the chart renders, and of the pods the operato
 {{- define "specsplit.deployment.name" -}}
 {{- default (include "specsplit.fullname" .) .Values.speculativeDeployment.name | trunc 40 | trimSuffix "-" }}
 {{- end }}
+
+{{/* The Secret with the workers' shared secret: the one named in values, or the one the chart generates. */}}
+{{- define "specsplit.workerAuth.secretName" -}}
+{{- .Values.workerAuth.secretName | default (printf "%s-worker-auth" (include "specsplit.deployment.name" .)) }}
+{{- end }}

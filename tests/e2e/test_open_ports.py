@@ -1,0 +1,64 @@
+"""What a service shows on the network by default, with real processes: metrics and canary HTTP on loopback unless
+--metrics-host says otherwise, and a worker open to unauthenticated callers tells them its model's name, not where
+its files are."""
+
+import socket
+import urllib.request
+
+import pytest
+
+from specsplit.services.service_commands import spawn_service
+from test_worker_auth import _describe, _non_loopback_ip
+
+
+@pytest.fixture(scope="module")
+def open_worker(tiny_pair):
+    worker, address = spawn_service(["target", "--model", str(tiny_pair["target"]), "--dtype", "float64", "--host", "0.0.0.0",
+                                     "--port", "0", "--allow-unauthenticated", "--metrics-port", "0", "--num-kv-blocks", "64"])
+    coordinator, _ = spawn_service(["coordinator", "--target", address.replace("0.0.0.0", "127.0.0.1"), "--host", "127.0.0.1",
+                                    "--port", "0", "--metrics-port", "0", "--metrics-host", "0.0.0.0",
+                                    "--tokenizer", str(tiny_pair["target"])])
+    try:
+        yield {"worker": worker, "address": address.replace("0.0.0.0", "127.0.0.1"), "coordinator": coordinator,
+               "tiny": tiny_pair}
+    finally:
+        for p in (worker, coordinator):
+            p.terminate()
+            p.wait(timeout=20)
+
+
+def _metrics_port(process) -> tuple[str, int]:
+    line = next(l for l in process.startup_lines if " metrics on " in l)
+    host, port = line.rsplit("/", 2)[-2].rsplit(":", 1)
+    return host, int(port)
+
+
+def _reachable(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=3):
+            return True
+    except OSError:
+        return False
+
+
+def test_metrics_listen_on_loopback_by_default(open_worker):
+    host, port = _metrics_port(open_worker["worker"])
+    assert host == "127.0.0.1"
+    assert b"specsplit_" in urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+    ip = _non_loopback_ip()
+    if ip is None:
+        pytest.skip("this machine has no non-loopback address to try")
+    assert not _reachable(ip, port)
+
+
+def test_metrics_host_opens_them_where_asked(open_worker):
+    _, port = _metrics_port(open_worker["coordinator"])
+    ip = _non_loopback_ip() or "127.0.0.1"
+    assert _reachable(ip, port)
+    assert urllib.request.urlopen(f"http://{ip}:{port}/v1/canary", timeout=10).status == 200
+
+
+def test_an_open_worker_describes_its_model_by_name_only(open_worker):
+    info = _describe(open_worker["address"])
+    assert info.model_path == ""
+    assert info.model == open_worker["tiny"]["target"].name and "/" not in info.model
