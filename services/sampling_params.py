@@ -16,7 +16,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0                    # 0 = no top-k
     seed: int | None = None           # None = a fresh random seed per request
-    max_tokens: int = 64
+    max_tokens: int | None = None     # None = until end of sequence, bounded by the model's context
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
@@ -38,7 +38,7 @@ class SamplingParams:
             raise InvalidArgument(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise InvalidArgument(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if self.max_tokens < 1:
+        if self.max_tokens is not None and self.max_tokens < 1:
             raise InvalidArgument(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.seed is not None and not (0 <= self.seed < 2**63):
             raise InvalidArgument(f"seed must be in [0, 2^63), got {self.seed}")

@@ -12,6 +12,7 @@ from specsplit.services.target.acceptance_flags import acceptance_argv, acceptan
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+DEFAULT_HTTP_PORT = 8000  # the coordinator's OpenAI-compatible HTTP API
 
 
 def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
@@ -60,6 +61,9 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
                    help="how long a request waits for a target replica to come back before UNAVAILABLE")
     add_logprobs_switch_arg(c)
     add_server_tls_args(c)
+    c.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT,
+                   help="the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, /health) "
+                   "on this port, with the gRPC API's TLS and bearer tokens; 0 = any free port (printed), -1 = none")
     c.add_argument("--auth-token-file", help="require `authorization: Bearer TOKEN` with a token from this file")
     c.add_argument("--worker-tls-ca", help="dial workers over TLS, verifying them with this CA")
     c.add_argument("--worker-tls-cert", help="client certificate for workers that require mutual TLS")
@@ -79,6 +83,9 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
     s.add_argument("--port", type=int, default=50051, help="the coordinator's port (0 = any)")
     s.add_argument("--metrics-port", type=int, default=9090,
                    help="the coordinator's metrics port (0 = any, -1 = none); the workers' are chosen free and printed")
+    s.add_argument("--http-port", type=int, default=None,
+                   help=f"the coordinator's OpenAI-compatible HTTP API (default {DEFAULT_HTTP_PORT}; none with --prompt; "
+                   "0 = any, -1 = none)")
     add_sampling_args(s)
     add_model_args(s)
     add_weight_format_args(s)
@@ -166,7 +173,8 @@ def _run_coordinator(args) -> int:
         raise SystemExit("give either --draft/--draft-variant or --draft-variants-file, not both")
     asyncio.run(serve_coordinator(targets, parse_draft_variants(args), args.host, args.port, args.tokenizer, config,
                                   metrics_port=args.metrics_port, draft_variants_file=args.draft_variants_file,
-                                  security=server_security_from_args(args), worker_security=worker_security, auth_tokens=tokens))
+                                  security=server_security_from_args(args), worker_security=worker_security, auth_tokens=tokens,
+                                  http_port=args.http_port))
     return 0
 
 
@@ -204,7 +212,7 @@ def _run_serve(args) -> int:
         processes.append(target)
         coordinator_argv = ["coordinator", "--target", target_addr, "--host", args.host, "--port", str(args.port),
                             "-k", str(k if args.draft else 0), "--metrics-port", str(args.metrics_port),
-                            "--speculation", args.speculation]
+                            "--speculation", args.speculation, "--http-port", str(_serve_http_port(args))]
         if not args.logprobs_while_speculating:
             coordinator_argv.append("--no-logprobs-while-speculating")
         if args.draft:
@@ -215,7 +223,7 @@ def _run_serve(args) -> int:
         coordinator, address = spawn_service(coordinator_argv)
         processes.append(coordinator)
         print(f"specsplit serving on {address}", flush=True)
-        for line in (line for p in processes for line in p.startup_lines if " metrics on " in line):
+        for line in (line for p in processes for line in p.startup_lines if " metrics on " in line or " API on " in line):
             print(line, file=sys.stderr)
         if args.prompt is not None or args.prompt_ids:
             return _one_request(args, address)
@@ -237,6 +245,13 @@ def _run_serve(args) -> int:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+def _serve_http_port(args) -> int:
+    """The HTTP API serves by default, but not for the one request of `serve --prompt`."""
+    if args.http_port is not None:
+        return args.http_port
+    return -1 if (args.prompt is not None or args.prompt_ids) else DEFAULT_HTTP_PORT
 
 
 def _one_request(args, address: str) -> int:

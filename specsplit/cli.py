@@ -13,7 +13,8 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", help="prompt text (raw completion unless --chat)")
     p.add_argument("--prompt-ids", help="prompt as comma-separated token ids instead of text")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="most tokens to generate (default: until end of sequence, bounded by the model's context)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)

@@ -102,7 +102,7 @@ class Coordinator:
         )
         if not request.request_id:
             request.request_id = handle
-        log.debug("admitted %s (%d prompt tokens, max %d new)", handle, len(request.prompt_token_ids), params.max_tokens)
+        log.debug("admitted %s (%d prompt tokens, max %s new)", handle, len(request.prompt_token_ids), params.max_tokens)
         self.telemetry.request_started(sequence)
         self.waiting.append(sequence)
         self._ensure_loop()
@@ -419,7 +419,7 @@ class Coordinator:
         if self.config.disable_speculation_batch_size and batch >= self.config.disable_speculation_batch_size:
             return 0
         length = len(sequence.committed)
-        remaining = params.max_tokens - len(sequence.generated) - 1
+        remaining = sequence.stop.max_tokens - len(sequence.generated) - 1
         room = min(sequence.target.max_model_len - length, sequence.draft.max_model_len - length + 1)
         return max(0, min(k, remaining, room))
 

@@ -7,7 +7,6 @@ from specsplit.services.rpc.acceptance_messages import acceptance_method_from_pb
 from specsplit.services.rpc.logprob_messages import logprobs_from_pb, logprobs_pb
 from specsplit.services.sampling_params import SamplingParams
 
-DEFAULT_MAX_TOKENS = 64
 MAX_PROMPT_CHARS = 1 << 20
 
 FINISH_REASONS = {
@@ -29,7 +28,8 @@ def request_pb(prompt, params: SamplingParams, chat: bool = False, request_id: s
     m.sampling.top_k = params.top_k
     if params.seed is not None:
         m.sampling.seed = params.seed
-    m.stopping.max_tokens = params.max_tokens
+    if params.max_tokens is not None:  # unset: until end of sequence, bounded by the context
+        m.stopping.max_tokens = params.max_tokens
     m.stopping.stop.extend(params.stop)
     m.stopping.stop_token_ids.extend(params.stop_token_ids)
     m.stopping.ignore_eos = params.ignore_eos
@@ -67,7 +67,7 @@ def params_from_pb(m: generation_pb2.GenerateRequest) -> SamplingParams:
         top_p=s.top_p if s.HasField("top_p") else 1.0,
         top_k=s.top_k,
         seed=s.seed if s.HasField("seed") else None,
-        max_tokens=stop.max_tokens if stop.HasField("max_tokens") else DEFAULT_MAX_TOKENS,
+        max_tokens=stop.max_tokens if stop.HasField("max_tokens") else None,
         stop=list(stop.stop),
         stop_token_ids=list(stop.stop_token_ids),
         ignore_eos=stop.ignore_eos,
