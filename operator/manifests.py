@@ -86,6 +86,8 @@ def coordinator_service(instance: str, spec: DeploymentSpec) -> dict[str, Any]:
             "ports": [
                 {"name": "grpc", "port": spec.coordinator.port, "targetPort": "grpc", "protocol": "TCP",
                  "appProtocol": "grpc"},
+                *([{"name": "http", "port": spec.coordinator.http_port, "targetPort": "http", "protocol": "TCP",
+                    "appProtocol": "http"}] if spec.coordinator.http_port else []),
                 {"name": "metrics", "port": naming.METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
             ],
         },
@@ -119,6 +121,7 @@ def coordinator_command(instance: str, spec: DeploymentSpec) -> list[str]:
         "--port", str(naming.GRPC_PORT),
         "--metrics-port", str(naming.METRICS_PORT),
         "--num-speculative-tokens", str(spec.num_speculative_tokens),
+        "--http-port", str(naming.HTTP_PORT if spec.coordinator.http_port else -1),
         *grpc_security.coordinator_args(spec.coordinator, spec.tls),
     ]
 
@@ -136,10 +139,11 @@ def coordinator_deployment(instance: str, spec: DeploymentSpec) -> dict[str, Any
     mounts = [{"name": "config", "mountPath": naming.CONFIG_DIR, "readOnly": True}]
     secret_volumes, secret_mounts = grpc_security.coordinator_volumes(spec.coordinator, spec.tls)
     probe = grpc_security.health_check(tls_served=spec.coordinator.tls_secret_name is not None)
+    http = [{"name": "http", "containerPort": naming.HTTP_PORT, "protocol": "TCP"}] if spec.coordinator.http_port else []
     return _deployment(instance, spec, naming.COORDINATOR, replicas=spec.coordinator.replicas,
                        command=coordinator_command(instance, spec), resources=spec.coordinator.resources,
                        extra_volumes=volumes + secret_volumes, extra_mounts=mounts + secret_mounts,
-                       health_check=probe)
+                       health_check=probe, extra_ports=http)
 
 
 def worker_deployment(instance: str, spec: DeploymentSpec, component: str, role: RoleSpec, model: str,
@@ -199,7 +203,8 @@ def _deployment(instance: str, spec: DeploymentSpec, component: str, *, replicas
                 resources: Resources, extra_volumes: list[dict[str, Any]], extra_mounts: list[dict[str, Any]],
                 health_check: dict[str, Any], node_selector: Mapping[str, str] | None = None,
                 tolerations: tuple[Mapping[str, Any], ...] = (), affinity: Mapping[str, Any] | None = None,
-                extra_env: tuple[Mapping[str, Any], ...] = ()) -> dict[str, Any]:
+                extra_env: tuple[Mapping[str, Any], ...] = (),
+                extra_ports: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": component,
         "image": spec.image,
@@ -207,6 +212,7 @@ def _deployment(instance: str, spec: DeploymentSpec, component: str, *, replicas
         "ports": [
             {"name": "grpc", "containerPort": naming.GRPC_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": naming.METRICS_PORT, "protocol": "TCP"},
+            *(extra_ports or []),
         ],
         "env": _environment(component, spec, extra_env),
         "resources": _resource_requirements(resources),
