@@ -120,8 +120,8 @@ def coordinator_command(instance: str, spec: DeploymentSpec) -> list[str]:
         "--draft-variants-file", f"{naming.CONFIG_DIR}/{naming.VARIANTS_KEY}",
         "--port", str(naming.GRPC_PORT),
         "--metrics-port", str(naming.METRICS_PORT),
-        "--num-speculative-tokens", str(spec.num_speculative_tokens),
         "--http-port", str(naming.HTTP_PORT if spec.coordinator.http_port else -1),
+        "--num-speculative-tokens", str(spec.num_speculative_tokens),
         *grpc_security.coordinator_args(spec.coordinator, spec.tls),
     ]
 

@@ -75,7 +75,7 @@ def test_pod_commands_follow_the_cli_contract() -> None:
     assert container(built[("Deployment", "coder-coordinator")])["command"] == [
         "specsplit", "coordinator", "--target", "coder-target:50051",
         "--draft-variants-file", "/etc/specsplit/config/draft-variants.json",
-        "--port", "50051", "--metrics-port", "9090", "--num-speculative-tokens", "6", "--http-port", "8000"]
+        "--port", "50051", "--metrics-port", "9090", "--http-port", "8000", "--num-speculative-tokens", "6"]
 
 
 def test_replicas_come_from_the_plan_and_the_spec() -> None:
