@@ -225,7 +225,7 @@ def _run_serve(args) -> int:
         print(f"specsplit serving on {address}", flush=True)
         for line in (line for p in processes for line in p.startup_lines if " metrics on " in line or " API on " in line):
             print(line, file=sys.stderr)
-        if args.prompt is not None or args.prompt_ids:
+        if _one_shot(args):
             return _one_request(args, address)
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         while all(p.poll() is None for p in processes):
@@ -251,13 +251,18 @@ def _serve_http_port(args) -> int:
     """The HTTP API serves by default, but not for the one request of `serve --prompt`."""
     if args.http_port is not None:
         return args.http_port
-    return -1 if (args.prompt is not None or args.prompt_ids) else DEFAULT_HTTP_PORT
+    return -1 if _one_shot(args) else DEFAULT_HTTP_PORT
+
+
+def _one_shot(args) -> bool:
+    return args.prompt is not None or bool(args.prompt_ids) or bool(args.messages)
 
 
 def _one_request(args, address: str) -> int:
     """The quick start: one generation through the running services, streamed to the terminal."""
-    from specsplit.cli import print_result, prompt_from_args, sampling_params_from_args
+    from specsplit.cli import messages_from_args, print_result, prompt_from_args, sampling_params_from_args
     from specsplit.client import generate_from_cli
 
     args.server, args.timeout = address, None
+    args.messages_list = messages_from_args(args)
     return generate_from_cli(args, sampling_params_from_args(args), prompt_from_args(args), print_result)

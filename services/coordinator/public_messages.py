@@ -17,11 +17,15 @@ FINISH_REASONS = {
 FINISH_NAMES = {v: k for k, v in FINISH_REASONS.items()}
 
 
-def request_pb(prompt, params: SamplingParams, chat: bool = False, request_id: str = "") -> generation_pb2.GenerateRequest:
-    m = generation_pb2.GenerateRequest(request_id=request_id, chat=chat)
+def request_pb(prompt, params: SamplingParams, chat: bool = False, request_id: str = "",
+               messages: list[dict] | None = None) -> generation_pb2.GenerateRequest:
+    """`prompt` (text or token ids), or `messages` ([{"role", "content"}]) with prompt None."""
+    m = generation_pb2.GenerateRequest(request_id=request_id, chat=chat or bool(messages))
+    for message in messages or []:
+        m.messages.add(role=message["role"], content=message["content"])
     if isinstance(prompt, str):
         m.text = prompt
-    else:
+    elif prompt is not None:
         m.token_ids.ids.extend(prompt)
     m.sampling.temperature = params.temperature
     m.sampling.top_p = params.top_p
@@ -77,6 +81,13 @@ def params_from_pb(m: generation_pb2.GenerateRequest) -> SamplingParams:
         posterior_threshold=acceptance.posterior_threshold if acceptance.HasField("posterior_threshold") else None,
         posterior_alpha=acceptance.posterior_alpha if acceptance.HasField("posterior_alpha") else None,
     )
+
+
+def messages_from_pb(m: generation_pb2.GenerateRequest) -> list[dict]:
+    """The conversation of a request, [] when it sends a prompt instead."""
+    if m.messages and m.WhichOneof("prompt"):
+        raise InvalidArgument("set either messages or a prompt (text or token_ids), not both")
+    return [{"role": message.role, "content": message.content} for message in m.messages]
 
 
 def prompt_from_pb(m: generation_pb2.GenerateRequest):

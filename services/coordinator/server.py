@@ -12,7 +12,7 @@ from specsplit.services.coordinator.coordinator import Coordinator
 from specsplit.services.coordinator.generation import GenerationRequest
 from specsplit.services.errors import SpecsplitError
 from specsplit.services.rpc.status_codes import status_code_for
-from specsplit.services.tokenization import encode_prompt
+from specsplit.services.tokenization import encode_messages, encode_prompt
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,11 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
 
     def _request(self, m: generation_pb2.GenerateRequest) -> GenerationRequest:
         params = pm.params_from_pb(m)
-        ids = encode_prompt(self.coordinator.tokenizer, pm.prompt_from_pb(m), m.chat)
+        messages = pm.messages_from_pb(m)
+        if messages:
+            ids = encode_messages(self.coordinator.tokenizer, messages)
+        else:
+            ids = encode_prompt(self.coordinator.tokenizer, pm.prompt_from_pb(m), m.chat)
         return GenerationRequest(ids, params, m.request_id)
 
     async def Generate(self, request, context):

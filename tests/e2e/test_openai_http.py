@@ -3,11 +3,14 @@ with tiny models: completions and chat, whole and streamed, the same output as t
 OpenAI-shaped errors of each status, and a client that leaves mid-stream freeing its KV on both workers."""
 
 import json
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 
+import grpc
 import openai
 import pytest
 from transformers import AutoTokenizer
@@ -254,3 +257,45 @@ def test_concurrent_streams_each_get_their_own_answer(http, grpc_client, model_i
     for t in threads:
         t.join(60)
     assert got == expected
+
+
+CONVERSATION = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "hello"}, {"role": "user", "content": "a loop?"}]
+
+
+def test_grpc_chat_takes_a_conversation_as_http_does(served, http, grpc_client, model_id, tmp_path):
+    over_grpc = grpc_client.chat(CONVERSATION, max_tokens=16, temperature=0.0)
+    over_http = http.chat.completions.create(model=model_id, messages=CONVERSATION, max_tokens=16, temperature=0)
+    assert over_grpc.text == over_http.choices[0].message.content
+    assert over_grpc.prompt_tokens == over_http.usage.prompt_tokens
+    streamed = "".join(chunk.text for chunk in grpc_client.chat_stream(CONVERSATION, max_tokens=16, temperature=0.0))
+    assert streamed == over_grpc.text
+    # The command line: --system, a JSON file of the turns so far, --prompt as the last user turn.
+    (tmp_path / "turns.json").write_text(json.dumps(CONVERSATION[1:3]))
+    command = [sys.executable, "-m", "specsplit", "generate", "--server", served.addresses["main"], "--token", TOKEN,
+               "--chat", "--system", "be brief", "--messages", str(tmp_path / "turns.json"), "--prompt", "a loop?",
+               "--max-tokens", "16", "--json"]
+    printed = json.loads(subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout)
+    assert printed["text"] == over_grpc.text and printed["usage"]["prompt_tokens"] == over_grpc.prompt_tokens
+
+
+def test_grpc_refuses_both_a_prompt_and_messages(grpc_client):
+    from specsplit.proto.v1 import generation_pb2
+
+    request = generation_pb2.GenerateRequest(text="hi", messages=[generation_pb2.ChatMessage(role="user", content="x")])
+    with pytest.raises(grpc.RpcError) as error:
+        grpc_client.stub.Generate(request, timeout=30)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not both" in error.value.details()
+    bad_role = generation_pb2.GenerateRequest(messages=[generation_pb2.ChatMessage(role="tool", content="x")])
+    with pytest.raises(grpc.RpcError, match="role"):
+        grpc_client.stub.Generate(bad_role, timeout=30)
+
+
+def test_without_max_tokens_the_answer_runs_to_its_end(http, grpc_client, model_id):
+    """As OpenAI's API: no max_tokens = until end of sequence, bounded by the context (here the tiny model's 512)."""
+    context = http.models.list().data[0].model_extra["max_model_len"]
+    got = http.completions.create(model=model_id, prompt=PROMPT, temperature=0, extra_body={"ignore_eos": True})
+    assert got.choices[0].finish_reason == "length"
+    assert got.usage.prompt_tokens + got.usage.completion_tokens == context
+    over_grpc = grpc_client.generate(PROMPT, temperature=0.0, ignore_eos=True)  # max_tokens unset on the wire too
+    assert over_grpc.text == got.choices[0].text
