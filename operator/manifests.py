@@ -87,6 +87,8 @@ def coordinator_service(instance: str, spec: DeploymentSpec) -> dict[str, Any]:
             "ports": [
                 {"name": "grpc", "port": spec.coordinator.port, "targetPort": "grpc", "protocol": "TCP",
                  "appProtocol": "grpc"},
+                *([{"name": "http", "port": spec.coordinator.http_port, "targetPort": "http", "protocol": "TCP",
+                    "appProtocol": "http"}] if spec.coordinator.http_port else []),
                 {"name": "metrics", "port": naming.METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
             ],
         },
@@ -120,6 +122,7 @@ def coordinator_command(instance: str, spec: DeploymentSpec) -> list[str]:
         "--port", str(naming.GRPC_PORT),
         "--metrics-port", str(naming.METRICS_PORT),
         "--metrics-host", "0.0.0.0",  # scraped from other pods; the NetworkPolicy admits only the scrapers
+        "--http-port", str(naming.HTTP_PORT if spec.coordinator.http_port else -1),
         "--num-speculative-tokens", str(spec.num_speculative_tokens),
         *grpc_security.coordinator_args(spec.coordinator, spec.tls, spec.worker_auth_secret_name),
     ]
@@ -141,10 +144,11 @@ def coordinator_deployment(instance: str, spec: DeploymentSpec) -> dict[str, Any
     mounts = [{"name": "config", "mountPath": naming.CONFIG_DIR, "readOnly": True}]
     secret_volumes, secret_mounts = grpc_security.coordinator_volumes(spec.coordinator, spec.tls, spec.worker_auth_secret_name)
     probe = grpc_security.health_check(tls_served=spec.coordinator.tls_secret_name is not None)
+    http = [{"name": "http", "containerPort": naming.HTTP_PORT, "protocol": "TCP"}] if spec.coordinator.http_port else []
     return _deployment(instance, spec, naming.COORDINATOR, replicas=spec.coordinator.replicas,
                        command=coordinator_command(instance, spec), resources=spec.coordinator.resources,
                        extra_volumes=volumes + secret_volumes, extra_mounts=mounts + secret_mounts,
-                       health_check=probe)
+                       health_check=probe, extra_ports=http)
 
 
 def worker_deployment(instance: str, spec: DeploymentSpec, component: str, role: RoleSpec, model: str,
@@ -208,7 +212,8 @@ def _deployment(instance: str, spec: DeploymentSpec, component: str, *, replicas
                 resources: Resources, extra_volumes: list[dict[str, Any]], extra_mounts: list[dict[str, Any]],
                 health_check: dict[str, Any], node_selector: Mapping[str, str] | None = None,
                 tolerations: tuple[Mapping[str, Any], ...] = (), affinity: Mapping[str, Any] | None = None,
-                extra_env: tuple[Mapping[str, Any], ...] = ()) -> dict[str, Any]:
+                extra_env: tuple[Mapping[str, Any], ...] = (),
+                extra_ports: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": component,
         "image": spec.image,
@@ -216,6 +221,7 @@ def _deployment(instance: str, spec: DeploymentSpec, component: str, *, replicas
         "ports": [
             {"name": "grpc", "containerPort": naming.GRPC_PORT, "protocol": "TCP"},
             {"name": "metrics", "containerPort": naming.METRICS_PORT, "protocol": "TCP"},
+            *(extra_ports or []),
         ],
         "env": _environment(component, spec, extra_env),
         "resources": _resource_requirements(resources),

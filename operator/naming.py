@@ -28,6 +28,7 @@ ANNOTATION_LAST_APPLIED = "specsplit.dev/last-applied"
 
 # Ports fixed by the services' contract.
 GRPC_PORT = 50051
+HTTP_PORT = 8000  # the coordinator's OpenAI-compatible HTTP API
 METRICS_PORT = 9090
 
 # The coordinator reads its draft variants from this file (a ConfigMap key mounted read-only). Each mount

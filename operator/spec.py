@@ -95,6 +95,7 @@ class CoordinatorSpec:
     replicas: int
     resources: Resources
     port: int  # port of the public Service; the container always listens on 50051
+    http_port: int  # the Service's port for the OpenAI-compatible HTTP API (the container's is 8000); 0 = none
     tls_secret_name: str | None  # TLS on the public port: a Secret with tls.crt and tls.key
     auth_token_secret_name: str | None  # bearer tokens clients must send: a Secret with key `tokens`
 
@@ -452,7 +453,7 @@ def parse_spec(raw: Mapping[str, Any] | None, name: str | None = None) -> Deploy
                       f"over more GPUs than the target ({target.tensor_parallel_size})")
 
     coordinator_fields = top.child("coordinator")
-    coordinator_fields.only("replicas", "resources", "port", "tls", "auth")
+    coordinator_fields.only("replicas", "resources", "port", "httpPort", "tls", "auth")
     public_tls = coordinator_fields.child("tls")
     public_tls.only("secretName")
     auth = coordinator_fields.child("auth")
@@ -461,6 +462,7 @@ def parse_spec(raw: Mapping[str, Any] | None, name: str | None = None) -> Deploy
         replicas=coordinator_fields.integer("replicas", 1, low=1, high=100),
         resources=_resources(coordinator_fields.child("resources"), default_gpus=0, allow_gpus=False),
         port=coordinator_fields.integer("port", 50051, low=1, high=65535),
+        http_port=coordinator_fields.integer("httpPort", 8000, low=0, high=65535),
         tls_secret_name=public_tls.name("secretName") if coordinator_fields.has("tls") else None,
         auth_token_secret_name=auth.name("tokenSecretName") if coordinator_fields.has("auth") else None,
     )

@@ -18,7 +18,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0                    # 0 = no top-k
     seed: int | None = None           # None = a fresh random seed per request
-    max_tokens: int = 64
+    max_tokens: int | None = None     # None = until end of sequence, bounded by the model's context
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
@@ -38,7 +38,7 @@ class SamplingParams:
         self.temperature = effective_temperature(self.temperature)  # tiny positive temperatures are greedy
         check_top_p(self.top_p)
         check_top_k(self.top_k)
-        if not (1 <= self.max_tokens <= UINT32_MAX):
+        if self.max_tokens is not None and not (1 <= self.max_tokens <= UINT32_MAX):  # None: until end of sequence
             raise InvalidArgument(f"max_tokens must be in [1, {UINT32_MAX}], got {self.max_tokens}")
         if self.seed is not None and not (0 <= self.seed < 2**63):
             raise InvalidArgument(f"seed must be in [0, 2^63), got {self.seed}")

@@ -17,6 +17,7 @@ from specsplit.services.target.acceptance_flags import acceptance_argv, acceptan
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+DEFAULT_HTTP_PORT = 8000  # the coordinator's OpenAI-compatible HTTP API
 
 
 def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
@@ -76,6 +77,9 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
     add_call_deadline_args(c)
     add_logprobs_switch_arg(c)
     add_server_tls_args(c)
+    c.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT,
+                   help="the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, /health) "
+                   "on this port, with the gRPC API's TLS and bearer tokens; 0 = any free port (printed), -1 = none")
     c.add_argument("--auth-token-file", help="require `authorization: Bearer TOKEN` with a token from this file")
     c.add_argument("--worker-tls-ca", help="dial workers over TLS, verifying them with this CA")
     c.add_argument("--worker-tls-cert", help="client certificate for workers that require mutual TLS")
@@ -99,6 +103,9 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
     s.add_argument("--metrics-port", type=int, default=9090,
                    help="the coordinator's metrics port (0 = any, -1 = none); the workers' are chosen free and printed")
     add_metrics_host_arg(s)
+    s.add_argument("--http-port", type=int, default=None,
+                   help=f"the coordinator's OpenAI-compatible HTTP API (default {DEFAULT_HTTP_PORT}; none with --prompt; "
+                   "0 = any, -1 = none)")
     add_sampling_args(s)
     add_model_args(s)
     add_weight_format_args(s)
@@ -240,7 +247,8 @@ def _run_coordinator(args) -> int:
     asyncio.run(serve_coordinator(targets, parse_draft_variants(args), args.host, args.port, args.tokenizer, config,
                                   metrics_port=args.metrics_port, metrics_host=args.metrics_host,
                                   draft_variants_file=args.draft_variants_file,
-                                  security=server_security_from_args(args), worker_security=worker_security, auth_tokens=tokens))
+                                  security=server_security_from_args(args), worker_security=worker_security, auth_tokens=tokens,
+                                  http_port=args.http_port))
     return 0
 
 
@@ -291,7 +299,7 @@ def _run_serve(args) -> int:
                             "-k", str(k if speculating else 0), "--metrics-port", str(args.metrics_port),
                             "--metrics-host", args.metrics_host,
                             "--speculation", args.speculation, "--overlap", args.overlap,
-                            "--threads", str(args.coordinator_threads)]
+                            "--threads", str(args.coordinator_threads), "--http-port", str(_serve_http_port(args))]
         if not args.logprobs_while_speculating:
             coordinator_argv.append("--no-logprobs-while-speculating")
         if args.draft:
@@ -311,9 +319,10 @@ def _run_serve(args) -> int:
         print(f"specsplit serving on {address}", flush=True)
         for line in (line for p in processes[:-1] for line in p.startup_lines if " listening on " in line):
             print(line, file=sys.stderr)  # the workers (on loopback, requiring the secret)
-        for line in (line for p in processes for line in p.startup_lines if " metrics on " in line or " CPU threads" in line):
+        for line in (line for p in processes for line in p.startup_lines
+                     if " metrics on " in line or " CPU threads" in line or " API on " in line):
             print(line, file=sys.stderr)
-        if args.prompt is not None or args.prompt_ids:
+        if _one_shot(args):
             return _one_request(args, address)
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         while all(p.poll() is None for p in processes):
@@ -335,10 +344,22 @@ def _run_serve(args) -> int:
                 p.kill()
 
 
+def _serve_http_port(args) -> int:
+    """The HTTP API serves by default, but not for the one request of `serve --prompt`."""
+    if args.http_port is not None:
+        return args.http_port
+    return -1 if _one_shot(args) else DEFAULT_HTTP_PORT
+
+
+def _one_shot(args) -> bool:
+    return args.prompt is not None or bool(args.prompt_ids) or bool(args.messages)
+
+
 def _one_request(args, address: str) -> int:
     """The quick start: one generation through the running services, streamed to the terminal."""
-    from specsplit.cli import print_result, prompt_from_args, sampling_params_from_args
+    from specsplit.cli import messages_from_args, print_result, prompt_from_args, sampling_params_from_args
     from specsplit.client import generate_from_cli
 
     args.server, args.timeout = address, None
+    args.messages_list = messages_from_args(args)
     return generate_from_cli(args, sampling_params_from_args(args), prompt_from_args(args), print_result)

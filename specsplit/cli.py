@@ -20,7 +20,12 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", help="prompt text (raw completion unless --chat)")
     p.add_argument("--prompt-ids", help="prompt as comma-separated token ids instead of text")
     p.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--system", default=None, help="with --chat: a system message before the conversation")
+    p.add_argument("--messages", default=None, metavar="FILE.json",
+                   help='with --chat: the conversation so far, a JSON list of {"role": "system"|"user"|"assistant", '
+                   '"content": TEXT}; --prompt, if given, is added as the last user message')
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="most tokens to generate (default: until end of sequence, bounded by the model's context)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -60,7 +65,31 @@ def sampling_params_from_args(args) -> SamplingParams:
     )
 
 
+def messages_from_args(args) -> list[dict] | None:
+    """The conversation of `--chat --system/--messages` (then --prompt is its last user turn), None without them."""
+    if not (getattr(args, "system", None) or getattr(args, "messages", None)):
+        return None
+    if not args.chat:
+        raise SystemExit("--system and --messages need --chat")
+    if args.prompt_ids:
+        raise SystemExit("--messages and --system take text: give --prompt, not --prompt-ids")
+    messages = []
+    if args.messages:
+        with open(args.messages) as f:
+            loaded = json.load(f)
+        if not isinstance(loaded, list) or not all(isinstance(m, dict) and set(m) >= {"role", "content"} for m in loaded):
+            raise SystemExit(f"{args.messages}: expected a JSON list of {{\"role\", \"content\"}} objects")
+        messages = [{"role": m["role"], "content": m["content"]} for m in loaded]
+    if args.system:
+        messages.insert(0, {"role": "system", "content": args.system})
+    if args.prompt is not None:
+        messages.append({"role": "user", "content": args.prompt})
+    return messages
+
+
 def prompt_from_args(args):
+    if getattr(args, "messages_list", None):
+        return None  # the conversation is the prompt
     if args.prompt_ids:
         return [int(t) for t in args.prompt_ids.split(",") if t.strip()]
     if args.prompt is None:
@@ -113,7 +142,13 @@ async def _generate_local(args) -> int:
                                              logprobs_while_speculating=args.logprobs_while_speculating),
     )
     params = sampling_params_from_args(args)
-    request = engine.request(prompt_from_args(args), params, chat=args.chat)
+    if args.messages_list:
+        from specsplit.services.coordinator.generation import GenerationRequest
+        from specsplit.services.tokenization import encode_messages
+
+        request = GenerationRequest(encode_messages(engine.tokenizer, args.messages_list), params)
+    else:
+        request = engine.request(prompt_from_args(args), params, chat=args.chat)
     result = None
     async for event in engine.coordinator.stream(request):
         if hasattr(event, "finish_reason"):
@@ -190,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_generate(args) -> int:
+    args.messages_list = messages_from_args(args)
     if args.local:
         if not args.target:
             raise SystemExit("--local needs --target MODEL (and --draft MODEL or --proposer ngram to speculate)")

@@ -3,6 +3,8 @@
     from specsplit.client import Client
     with Client("localhost:50051") as client:
         print(client.generate("def fib(n):", max_tokens=64).text)
+        print(client.chat([{"role": "system", "content": "Answer in one line."},
+                           {"role": "user", "content": "What does fib(10) return?"}]).text)
         for chunk in client.generate_stream("def fib(n):", temperature=0.7, seed=1):
             print(chunk.text, end="")
 """
@@ -46,6 +48,18 @@ class Client:
         response = self.stub.Generate(pm.request_pb(prompt, sampling, chat, request_id), timeout=self.timeout)
         return pm.result_from_pb(response, wants_logprobs=sampling.logprobs is not None)
 
+    def chat(self, messages: list[dict], request_id: str = "", **params):
+        """A conversation ([{"role": "system"|"user"|"assistant", "content": TEXT}]) through the model's chat
+        template; returns the assistant's next turn as a GenerationResult."""
+        sampling = SamplingParams(**params)
+        request = pm.request_pb(None, sampling, True, request_id, messages=messages)
+        return pm.result_from_pb(self.stub.Generate(request, timeout=self.timeout), wants_logprobs=sampling.logprobs is not None)
+
+    def chat_stream(self, messages: list[dict], request_id: str = "", **params):
+        """Like `chat`, streamed: GenerateStreamResponse messages as in `generate_stream`."""
+        request = pm.request_pb(None, SamplingParams(**params), True, request_id, messages=messages)
+        yield from self.stub.GenerateStream(request, timeout=self.timeout)
+
     def generate_stream(self, prompt, chat: bool = False, request_id: str = "", **params):
         """Yield GenerateStreamResponse messages; the last one carries finish_reason, usage, stats and timings."""
         request = pm.request_pb(prompt, SamplingParams(**params), chat, request_id)
@@ -84,7 +98,8 @@ def generate_from_cli(args, params: SamplingParams, prompt, print_result) -> int
     """`specsplit generate --server`: stream text as it arrives, or print one JSON object with --json."""
     import sys
 
-    request = pm.request_pb(prompt, params, args.chat)
+    messages = getattr(args, "messages_list", None)
+    request = pm.request_pb(None if messages else prompt, params, args.chat, messages=messages)
     import os
 
     token = getattr(args, "token", None) or os.environ.get("SPECSPLIT_TOKEN")

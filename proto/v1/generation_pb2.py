@@ -25,45 +25,47 @@ _sym_db = _symbol_database.Default()
 from specsplit.proto.v1 import common_pb2 as specsplit_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dspecsplit/v1/generation.proto\x12\x0cspecsplit.v1\x1a\x19specsplit/v1/common.proto\"\xe2\x02\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12+\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x16.specsplit.v1.TokenIdsH\x00\x12\x0c\n\x04\x63hat\x18\x04 \x01(\x08\x12\x32\n\x08sampling\x18\x05 \x01(\x0b\x32 .specsplit.v1.SamplingParameters\x12\x30\n\x08stopping\x18\x06 \x01(\x0b\x32\x1e.specsplit.v1.StoppingCriteria\x12\x15\n\x08logprobs\x18\x07 \x01(\rH\x01\x88\x01\x01\x12.\n\x0bspeculation\x18\x08 \x01(\x0b\x32\x19.specsplit.v1.Speculation\x12,\n\nacceptance\x18\t \x01(\x0b\x32\x18.specsplit.v1.AcceptanceB\x08\n\x06promptB\x0b\n\t_logprobs\"\xa8\x01\n\nAcceptance\x12.\n\x06method\x18\x01 \x01(\x0e\x32\x1e.specsplit.v1.AcceptanceMethod\x12 \n\x13posterior_threshold\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\x1c\n\x0fposterior_alpha\x18\x03 \x01(\x02H\x01\x88\x01\x01\x42\x16\n\x14_posterior_thresholdB\x12\n\x10_posterior_alpha\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"r\n\x12SamplingParameters\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x01\x88\x01\x01\x42\x08\n\x06_top_pB\x07\n\x05_seed\"t\n\x10StoppingCriteria\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x02 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x03 \x03(\x05\x12\x12\n\nignore_eos\x18\x04 \x01(\x08\x42\r\n\x0b_max_tokens\"Z\n\x0bSpeculation\x12+\n\x04mode\x18\x01 \x01(\x0e\x32\x1d.specsplit.v1.SpeculationMode\x12\x1e\n\x16num_speculative_tokens\x18\x02 \x01(\r\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"\x98\x02\n\x10SpeculationStats\x12\x0e\n\x06rounds\x18\x01 \x01(\r\x12\x16\n\x0e\x64rafted_tokens\x18\x02 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x03 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x04 \x01(\x02\x12\x1c\n\x14\x64rafted_per_position\x18\x05 \x03(\r\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x06 \x03(\r\x12\x15\n\rdraft_variant\x18\x07 \x01(\t\x12\x39\n\x11\x61\x63\x63\x65ptance_method\x18\x08 \x01(\x0e\x32\x1e.specsplit.v1.AcceptanceMethod\x12\x1b\n\x13pre_proposed_rounds\x18\t \x01(\r\"9\n\x07Timings\x12\x1d\n\x15time_to_first_token_s\x18\x01 \x01(\x01\x12\x0f\n\x07total_s\x18\x02 \x01(\x01\"\xa9\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x31\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1a.specsplit.v1.FinishReason\x12\"\n\x05usage\x18\x05 \x01(\x0b\x32\x13.specsplit.v1.Usage\x12\x33\n\x0bspeculation\x18\x06 \x01(\x0b\x32\x1e.specsplit.v1.SpeculationStats\x12&\n\x07timings\x18\x07 \x01(\x0b\x32\x15.specsplit.v1.Timings\x12,\n\x08logprobs\x18\x08 \x03(\x0b\x32\x1a.specsplit.v1.TokenLogprob\"\xaf\x02\n\x16GenerateStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12,\n\x08logprobs\x18\x04 \x03(\x0b\x32\x1a.specsplit.v1.TokenLogprob\x12\x31\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x1a.specsplit.v1.FinishReason\x12\"\n\x05usage\x18\x06 \x01(\x0b\x32\x13.specsplit.v1.Usage\x12\x33\n\x0bspeculation\x18\x07 \x01(\x0b\x32\x1e.specsplit.v1.SpeculationStats\x12&\n\x07timings\x18\x08 \x01(\x0b\x32\x15.specsplit.v1.Timings\"\x1a\n\x18\x44raftVariantStatsRequest\"N\n\x19\x44raftVariantStatsResponse\x12\x31\n\x08variants\x18\x01 \x03(\x0b\x32\x1f.specsplit.v1.DraftVariantStats\"\xc3\x02\n\x11\x44raftVariantStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\x12\x10\n\x08requests\x18\x03 \x01(\x04\x12\x16\n\x0e\x64rafted_tokens\x18\x04 \x01(\x04\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x05 \x01(\x04\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x06 \x01(\x01\x12\x1b\n\x13\x61\x63\x63\x65ptance_rate_low\x18\x07 \x01(\x01\x12\x1c\n\x14\x61\x63\x63\x65ptance_rate_high\x18\x08 \x01(\x01\x12\x19\n\x11tokens_per_second\x18\t \x01(\x01\x12\x1d\n\x15tokens_per_second_low\x18\n \x01(\x01\x12\x1e\n\x16tokens_per_second_high\x18\x0b \x01(\x01\x12\x1f\n\x17\x61\x63\x63\x65ptance_per_position\x18\x0c \x03(\x01*f\n\x0fSpeculationMode\x12\x1c\n\x18SPECULATION_MODE_DEFAULT\x10\x00\x12\x18\n\x14SPECULATION_MODE_OFF\x10\x01\x12\x1b\n\x17SPECULATION_MODE_CUSTOM\x10\x02*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\x99\x02\n\nGeneration\x12I\n\x08Generate\x12\x1d.specsplit.v1.GenerateRequest\x1a\x1e.specsplit.v1.GenerateResponse\x12W\n\x0eGenerateStream\x12\x1d.specsplit.v1.GenerateRequest\x1a$.specsplit.v1.GenerateStreamResponse0\x01\x12g\n\x14GetDraftVariantStats\x12&.specsplit.v1.DraftVariantStatsRequest\x1a\'.specsplit.v1.DraftVariantStatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dspecsplit/v1/generation.proto\x12\x0cspecsplit.v1\x1a\x19specsplit/v1/common.proto\"\x8f\x03\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x04text\x18\x02 \x01(\tH\x00\x12+\n\ttoken_ids\x18\x03 \x01(\x0b\x32\x16.specsplit.v1.TokenIdsH\x00\x12\x0c\n\x04\x63hat\x18\x04 \x01(\x08\x12+\n\x08messages\x18\n \x03(\x0b\x32\x19.specsplit.v1.ChatMessage\x12\x32\n\x08sampling\x18\x05 \x01(\x0b\x32 .specsplit.v1.SamplingParameters\x12\x30\n\x08stopping\x18\x06 \x01(\x0b\x32\x1e.specsplit.v1.StoppingCriteria\x12\x15\n\x08logprobs\x18\x07 \x01(\rH\x01\x88\x01\x01\x12.\n\x0bspeculation\x18\x08 \x01(\x0b\x32\x19.specsplit.v1.Speculation\x12,\n\nacceptance\x18\t \x01(\x0b\x32\x18.specsplit.v1.AcceptanceB\x08\n\x06promptB\x0b\n\t_logprobs\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xa8\x01\n\nAcceptance\x12.\n\x06method\x18\x01 \x01(\x0e\x32\x1e.specsplit.v1.AcceptanceMethod\x12 \n\x13posterior_threshold\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\x1c\n\x0fposterior_alpha\x18\x03 \x01(\x02H\x01\x88\x01\x01\x42\x16\n\x14_posterior_thresholdB\x12\n\x10_posterior_alpha\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"r\n\x12SamplingParameters\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\r\n\x05top_k\x18\x03 \x01(\r\x12\x11\n\x04seed\x18\x04 \x01(\x04H\x01\x88\x01\x01\x42\x08\n\x06_top_pB\x07\n\x05_seed\"t\n\x10StoppingCriteria\x12\x17\n\nmax_tokens\x18\x01 \x01(\rH\x00\x88\x01\x01\x12\x0c\n\x04stop\x18\x02 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x03 \x03(\x05\x12\x12\n\nignore_eos\x18\x04 \x01(\x08\x42\r\n\x0b_max_tokens\"Z\n\x0bSpeculation\x12+\n\x04mode\x18\x01 \x01(\x0e\x32\x1d.specsplit.v1.SpeculationMode\x12\x1e\n\x16num_speculative_tokens\x18\x02 \x01(\r\"9\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"\x98\x02\n\x10SpeculationStats\x12\x0e\n\x06rounds\x18\x01 \x01(\r\x12\x16\n\x0e\x64rafted_tokens\x18\x02 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x03 \x01(\r\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x04 \x01(\x02\x12\x1c\n\x14\x64rafted_per_position\x18\x05 \x03(\r\x12\x1d\n\x15\x61\x63\x63\x65pted_per_position\x18\x06 \x03(\r\x12\x15\n\rdraft_variant\x18\x07 \x01(\t\x12\x39\n\x11\x61\x63\x63\x65ptance_method\x18\x08 \x01(\x0e\x32\x1e.specsplit.v1.AcceptanceMethod\x12\x1b\n\x13pre_proposed_rounds\x18\t \x01(\r\"9\n\x07Timings\x12\x1d\n\x15time_to_first_token_s\x18\x01 \x01(\x01\x12\x0f\n\x07total_s\x18\x02 \x01(\x01\"\xa9\x02\n\x10GenerateResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\x31\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1a.specsplit.v1.FinishReason\x12\"\n\x05usage\x18\x05 \x01(\x0b\x32\x13.specsplit.v1.Usage\x12\x33\n\x0bspeculation\x18\x06 \x01(\x0b\x32\x1e.specsplit.v1.SpeculationStats\x12&\n\x07timings\x18\x07 \x01(\x0b\x32\x15.specsplit.v1.Timings\x12,\n\x08logprobs\x18\x08 \x03(\x0b\x32\x1a.specsplit.v1.TokenLogprob\"\xaf\x02\n\x16GenerateStreamResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12,\n\x08logprobs\x18\x04 \x03(\x0b\x32\x1a.specsplit.v1.TokenLogprob\x12\x31\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x1a.specsplit.v1.FinishReason\x12\"\n\x05usage\x18\x06 \x01(\x0b\x32\x13.specsplit.v1.Usage\x12\x33\n\x0bspeculation\x18\x07 \x01(\x0b\x32\x1e.specsplit.v1.SpeculationStats\x12&\n\x07timings\x18\x08 \x01(\x0b\x32\x15.specsplit.v1.Timings\"\x1a\n\x18\x44raftVariantStatsRequest\"N\n\x19\x44raftVariantStatsResponse\x12\x31\n\x08variants\x18\x01 \x03(\x0b\x32\x1f.specsplit.v1.DraftVariantStats\"\xc3\x02\n\x11\x44raftVariantStats\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\x12\x10\n\x08requests\x18\x03 \x01(\x04\x12\x16\n\x0e\x64rafted_tokens\x18\x04 \x01(\x04\x12\x17\n\x0f\x61\x63\x63\x65pted_tokens\x18\x05 \x01(\x04\x12\x17\n\x0f\x61\x63\x63\x65ptance_rate\x18\x06 \x01(\x01\x12\x1b\n\x13\x61\x63\x63\x65ptance_rate_low\x18\x07 \x01(\x01\x12\x1c\n\x14\x61\x63\x63\x65ptance_rate_high\x18\x08 \x01(\x01\x12\x19\n\x11tokens_per_second\x18\t \x01(\x01\x12\x1d\n\x15tokens_per_second_low\x18\n \x01(\x01\x12\x1e\n\x16tokens_per_second_high\x18\x0b \x01(\x01\x12\x1f\n\x17\x61\x63\x63\x65ptance_per_position\x18\x0c \x03(\x01*f\n\x0fSpeculationMode\x12\x1c\n\x18SPECULATION_MODE_DEFAULT\x10\x00\x12\x18\n\x14SPECULATION_MODE_OFF\x10\x01\x12\x1b\n\x17SPECULATION_MODE_CUSTOM\x10\x02*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x32\x99\x02\n\nGeneration\x12I\n\x08Generate\x12\x1d.specsplit.v1.GenerateRequest\x1a\x1e.specsplit.v1.GenerateResponse\x12W\n\x0eGenerateStream\x12\x1d.specsplit.v1.GenerateRequest\x1a$.specsplit.v1.GenerateStreamResponse0\x01\x12g\n\x14GetDraftVariantStats\x12&.specsplit.v1.DraftVariantStatsRequest\x1a\'.specsplit.v1.DraftVariantStatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'specsplit.v1.generation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SPECULATIONMODE']._serialized_start=2394
-  _globals['_SPECULATIONMODE']._serialized_end=2496
-  _globals['_FINISHREASON']._serialized_start=2498
-  _globals['_FINISHREASON']._serialized_end=2618
+  _globals['_SPECULATIONMODE']._serialized_start=2485
+  _globals['_SPECULATIONMODE']._serialized_end=2587
+  _globals['_FINISHREASON']._serialized_start=2589
+  _globals['_FINISHREASON']._serialized_end=2709
   _globals['_GENERATEREQUEST']._serialized_start=75
-  _globals['_GENERATEREQUEST']._serialized_end=429
-  _globals['_ACCEPTANCE']._serialized_start=432
-  _globals['_ACCEPTANCE']._serialized_end=600
-  _globals['_TOKENIDS']._serialized_start=602
-  _globals['_TOKENIDS']._serialized_end=625
-  _globals['_SAMPLINGPARAMETERS']._serialized_start=627
-  _globals['_SAMPLINGPARAMETERS']._serialized_end=741
-  _globals['_STOPPINGCRITERIA']._serialized_start=743
-  _globals['_STOPPINGCRITERIA']._serialized_end=859
-  _globals['_SPECULATION']._serialized_start=861
-  _globals['_SPECULATION']._serialized_end=951
-  _globals['_USAGE']._serialized_start=953
-  _globals['_USAGE']._serialized_end=1010
-  _globals['_SPECULATIONSTATS']._serialized_start=1013
-  _globals['_SPECULATIONSTATS']._serialized_end=1293
-  _globals['_TIMINGS']._serialized_start=1295
-  _globals['_TIMINGS']._serialized_end=1352
-  _globals['_GENERATERESPONSE']._serialized_start=1355
-  _globals['_GENERATERESPONSE']._serialized_end=1652
-  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1655
-  _globals['_GENERATESTREAMRESPONSE']._serialized_end=1958
-  _globals['_DRAFTVARIANTSTATSREQUEST']._serialized_start=1960
-  _globals['_DRAFTVARIANTSTATSREQUEST']._serialized_end=1986
-  _globals['_DRAFTVARIANTSTATSRESPONSE']._serialized_start=1988
-  _globals['_DRAFTVARIANTSTATSRESPONSE']._serialized_end=2066
-  _globals['_DRAFTVARIANTSTATS']._serialized_start=2069
-  _globals['_DRAFTVARIANTSTATS']._serialized_end=2392
-  _globals['_GENERATION']._serialized_start=2621
-  _globals['_GENERATION']._serialized_end=2902
+  _globals['_GENERATEREQUEST']._serialized_end=474
+  _globals['_CHATMESSAGE']._serialized_start=476
+  _globals['_CHATMESSAGE']._serialized_end=520
+  _globals['_ACCEPTANCE']._serialized_start=523
+  _globals['_ACCEPTANCE']._serialized_end=691
+  _globals['_TOKENIDS']._serialized_start=693
+  _globals['_TOKENIDS']._serialized_end=716
+  _globals['_SAMPLINGPARAMETERS']._serialized_start=718
+  _globals['_SAMPLINGPARAMETERS']._serialized_end=832
+  _globals['_STOPPINGCRITERIA']._serialized_start=834
+  _globals['_STOPPINGCRITERIA']._serialized_end=950
+  _globals['_SPECULATION']._serialized_start=952
+  _globals['_SPECULATION']._serialized_end=1042
+  _globals['_USAGE']._serialized_start=1044
+  _globals['_USAGE']._serialized_end=1101
+  _globals['_SPECULATIONSTATS']._serialized_start=1104
+  _globals['_SPECULATIONSTATS']._serialized_end=1384
+  _globals['_TIMINGS']._serialized_start=1386
+  _globals['_TIMINGS']._serialized_end=1443
+  _globals['_GENERATERESPONSE']._serialized_start=1446
+  _globals['_GENERATERESPONSE']._serialized_end=1743
+  _globals['_GENERATESTREAMRESPONSE']._serialized_start=1746
+  _globals['_GENERATESTREAMRESPONSE']._serialized_end=2049
+  _globals['_DRAFTVARIANTSTATSREQUEST']._serialized_start=2051
+  _globals['_DRAFTVARIANTSTATSREQUEST']._serialized_end=2077
+  _globals['_DRAFTVARIANTSTATSRESPONSE']._serialized_start=2079
+  _globals['_DRAFTVARIANTSTATSRESPONSE']._serialized_end=2157
+  _globals['_DRAFTVARIANTSTATS']._serialized_start=2160
+  _globals['_DRAFTVARIANTSTATS']._serialized_end=2483
+  _globals['_GENERATION']._serialized_start=2712
+  _globals['_GENERATION']._serialized_end=2993
 # @@protoc_insertion_point(module_scope)

@@ -113,7 +113,7 @@ class Coordinator:
         check_encodable(sequence.sampling)
         if not request.request_id:
             request.request_id = new_request_id()
-        log.debug("admitted %s (%d prompt tokens, max %d new)", handle, len(request.prompt_token_ids), params.max_tokens)
+        log.debug("admitted %s (%d prompt tokens, max %s new)", handle, len(request.prompt_token_ids), params.max_tokens)
         self.telemetry.request_started(sequence)
         self.waiting.append(sequence)
         self._ensure_loop()
@@ -529,7 +529,7 @@ class Coordinator:
         if self.config.disable_speculation_batch_size and batch >= self.config.disable_speculation_batch_size:
             return 0
         length = len(sequence.committed) + ahead
-        remaining = params.max_tokens - len(sequence.generated) - ahead - 1
+        remaining = sequence.stop.max_tokens - len(sequence.generated) - ahead - 1
         room = min(sequence.target.max_model_len - length, sequence.draft.max_model_len - length + 1)
         return max(0, min(k, remaining, room))
 

@@ -63,6 +63,7 @@ async def serve_coordinator(
     security=None,
     worker_security=None,
     auth_tokens: list[str] | None = None,
+    http_port: int = -1,
 ) -> None:
     target_pool, draft_pools = await connect_pools(targets, draft_variants, connect_timeout, worker_security)
     first = target_pool.replicas[0].info
@@ -80,6 +81,20 @@ async def serve_coordinator(
     interceptors = list(observability.interceptors)
     if auth_tokens:
         interceptors.insert(0, BearerTokenInterceptor(auth_tokens))
+    http = None
+    if http_port >= 0:  # the OpenAI-compatible API, on this event loop, with the gRPC API's tokens and TLS
+        from specsplit.services.coordinator.openai_http import OpenAIHTTPServer
+
+        http = OpenAIHTTPServer(coordinator, first.model, auth_tokens, security)
+        try:
+            bound_http = await http.start(host, http_port)
+        except OSError as error:  # a busy port costs the HTTP API, not the gRPC one (as for metrics)
+            log.error("OpenAI HTTP API not served on %s:%s: %s", host, http_port, error)
+            await http.stop()
+            http = None
+        else:
+            scheme = "https" if security is not None and security.cert_file else "http"
+            print(f"specsplit coordinator OpenAI API on {scheme}://{_display_host(host)}:{bound_http}/v1", flush=True)
     server, bound, _ = await start_server(service.add_to, ["specsplit.v1.Generation"], host, port, interceptors, security)
     print(f"specsplit coordinator listening on {host}:{bound}", flush=True)
     stop = asyncio.Event()
@@ -87,8 +102,14 @@ async def serve_coordinator(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+    if http is not None:
+        await http.stop()
     await server.stop(grace=2.0)
     if draft_variants_file:
         watching.cancel()
     await coordinator.close()
     observability.close()
+
+
+def _display_host(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host

@@ -8,7 +8,6 @@ from specsplit.services.request_limits import MAX_REQUEST_ID_BYTES, check_string
 from specsplit.services.rpc.logprob_messages import logprobs_from_pb, logprobs_pb
 from specsplit.services.sampling_params import SamplingParams
 
-DEFAULT_MAX_TOKENS = 64
 MAX_PROMPT_CHARS = 1 << 20
 
 FINISH_REASONS = {
@@ -19,18 +18,23 @@ FINISH_REASONS = {
 FINISH_NAMES = {v: k for k, v in FINISH_REASONS.items()}
 
 
-def request_pb(prompt, params: SamplingParams, chat: bool = False, request_id: str = "") -> generation_pb2.GenerateRequest:
-    m = generation_pb2.GenerateRequest(request_id=request_id, chat=chat)
+def request_pb(prompt, params: SamplingParams, chat: bool = False, request_id: str = "",
+               messages: list[dict] | None = None) -> generation_pb2.GenerateRequest:
+    """`prompt` (text or token ids), or `messages` ([{"role", "content"}]) with prompt None."""
+    m = generation_pb2.GenerateRequest(request_id=request_id, chat=chat or bool(messages))
+    for message in messages or []:
+        m.messages.add(role=message["role"], content=message["content"])
     if isinstance(prompt, str):
         m.text = prompt
-    else:
+    elif prompt is not None:
         m.token_ids.ids.extend(prompt)
     m.sampling.temperature = params.temperature
     m.sampling.top_p = params.top_p
     m.sampling.top_k = params.top_k
     if params.seed is not None:
         m.sampling.seed = params.seed
-    m.stopping.max_tokens = params.max_tokens
+    if params.max_tokens is not None:  # unset: until end of sequence, bounded by the context
+        m.stopping.max_tokens = params.max_tokens
     m.stopping.stop.extend(params.stop)
     m.stopping.stop_token_ids.extend(params.stop_token_ids)
     m.stopping.ignore_eos = params.ignore_eos
@@ -68,7 +72,7 @@ def params_from_pb(m: generation_pb2.GenerateRequest) -> SamplingParams:
         top_p=s.top_p if s.HasField("top_p") else 1.0,
         top_k=s.top_k,
         seed=s.seed if s.HasField("seed") else None,
-        max_tokens=stop.max_tokens if stop.HasField("max_tokens") else DEFAULT_MAX_TOKENS,
+        max_tokens=stop.max_tokens if stop.HasField("max_tokens") else None,
         stop=list(stop.stop),
         stop_token_ids=list(stop.stop_token_ids),
         ignore_eos=stop.ignore_eos,
@@ -84,6 +88,13 @@ def request_id_from_pb(m: generation_pb2.GenerateRequest) -> str:
     """The caller's request_id, bounded: it is echoed in every stream message."""
     check_string("request_id", m.request_id, MAX_REQUEST_ID_BYTES)
     return m.request_id
+
+
+def messages_from_pb(m: generation_pb2.GenerateRequest) -> list[dict]:
+    """The conversation of a request, [] when it sends a prompt instead."""
+    if m.messages and m.WhichOneof("prompt"):
+        raise InvalidArgument("set either messages or a prompt (text or token_ids), not both")
+    return [{"role": message.role, "content": message.content} for message in m.messages]
 
 
 def prompt_from_pb(m: generation_pb2.GenerateRequest):

@@ -4,9 +4,7 @@ A client that cancels, or whose deadline passes, cancels the handler; the coordi
 request, which releases its KV on the draft and target replicas.
 """
 
-import asyncio
 import logging
-from concurrent.futures import ThreadPoolExecutor
 
 from specsplit.proto.v1 import generation_pb2, generation_pb2_grpc
 from specsplit.services.coordinator import public_messages as pm
@@ -14,15 +12,10 @@ from specsplit.services.coordinator.coordinator import Coordinator
 from specsplit.services.coordinator.generation import GenerationRequest
 from specsplit.services.errors import SpecsplitError
 from specsplit.services.rpc.status_codes import status_code_for
-from specsplit.services.tokenization import encode_prompt, encode_prompt_off_loop
+from specsplit.services.tokenization import encode_for_request
 
 log = logging.getLogger(__name__)
 
-# Prompts longer than this are tokenized on a thread of their own: a 1M-character prompt takes about a second to
-# encode, which on the event loop stalls every other stream; short ones cost less than the hand-off. One thread, so
-# a burst of huge prompts queues there and leaves the other cores to the running streams.
-TOKENIZE_OFF_LOOP_CHARS = 2048
-_TOKENIZER_THREAD = ThreadPoolExecutor(1, thread_name_prefix="tokenize")
 
 
 class GenerationService(generation_pb2_grpc.GenerationServicer):
@@ -33,12 +26,9 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
     async def _request(self, m: generation_pb2.GenerateRequest) -> GenerationRequest:
         request_id = pm.request_id_from_pb(m)
         params = pm.params_from_pb(m)
-        prompt = pm.prompt_from_pb(m)
-        if isinstance(prompt, str) and len(prompt) > TOKENIZE_OFF_LOOP_CHARS:
-            ids = await asyncio.get_running_loop().run_in_executor(
-                _TOKENIZER_THREAD, encode_prompt_off_loop, self.coordinator.tokenizer, prompt, m.chat)
-        else:
-            ids = encode_prompt(self.coordinator.tokenizer, prompt, m.chat)
+        messages = pm.messages_from_pb(m)
+        ids = await encode_for_request(self.coordinator.tokenizer, None if messages else pm.prompt_from_pb(m), messages,
+                                       m.chat)
         return GenerationRequest(ids, params, request_id)
 
     async def Generate(self, request, context):

@@ -17,6 +17,8 @@ class StopChecker:
         self.tokenizer = tokenizer
         self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
         self.max_total_len = max_total_len
+        # Unset max_tokens: until end of sequence, bounded by what the context leaves after the prompt.
+        self.max_tokens = params.max_tokens if params.max_tokens is not None else max(1, max_total_len - prompt_len)
         self.prompt_len = prompt_len
         self.generated: list[int] = []
         self.detokenizer = IncrementalDetokenizer(tokenizer)
@@ -40,7 +42,7 @@ class StopChecker:
                 self.finish_reason = "stop"
             elif self.params.stop and self._find_stop_string():
                 self.finish_reason = "stop"
-            elif len(self.generated) >= self.params.max_tokens or self.prompt_len + len(self.generated) >= self.max_total_len:
+            elif len(self.generated) >= self.max_tokens or self.prompt_len + len(self.generated) >= self.max_total_len:
                 self.finish_reason = "length"
         if not self.params.stop:
             self.detokenizer.add(kept)

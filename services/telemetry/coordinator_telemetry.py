@@ -45,7 +45,7 @@ class CoordinatorTelemetry:
             "gen_ai.operation.name": "text_completion",
             "gen_ai.provider.name": "specsplit",
             "gen_ai.request.model": model,
-            "gen_ai.request.max_tokens": params.max_tokens,
+            "gen_ai.request.max_tokens": sequence.stop.max_tokens,  # unset: what the context leaves
             "gen_ai.request.temperature": params.temperature,
             "gen_ai.request.top_p": params.top_p,
             "gen_ai.request.top_k": params.top_k,

@@ -68,7 +68,8 @@ def test_worker_pods_are_probed_over_grpc_health_or_tcp_under_tls(value_set):
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             assert container[probe][handler] == {"port": 50051}, f"{name}: {probe}"
             assert {"grpc", "tcpSocket"} & set(container[probe]) == {handler}, f"{name}: {probe}"
-        assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"grpc": 50051, "metrics": 9090}
+        http = {"http": 8000} if _component(template) == "coordinator" else {}  # the OpenAI-compatible API
+        assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"grpc": 50051, "metrics": 9090, **http}
 
 
 def _by_component(value_set: str) -> dict[str, dict]:

@@ -83,11 +83,12 @@ def secure_cluster(tiny_pair, pki):
             ["--log-level", "DEBUG", "coordinator", "--target", target_addr, "--draft", draft_addr, "--host", "127.0.0.1", "--port", "0",
              "--metrics-port", "-1", "--tls-cert", server_cert, "--tls-key", server_key, "--auth-token-file", pki["tokens"],
              "--worker-tls-ca", pki["ca"], "--worker-tls-cert", client_cert, "--worker-tls-key", client_key,
-             "--worker-tls-server-name", "localhost"],
+             "--worker-tls-server-name", "localhost", "--http-port", "0"],
             stderr=log,
         )
         processes.append(coordinator)
-        yield {"coordinator": address, "target": target_addr}
+        http = next(line.rsplit(" ", 1)[-1] for line in coordinator.startup_lines if " OpenAI API on " in line)
+        yield {"coordinator": address, "target": target_addr, "http": http}
     finally:
         for p in processes:
             p.terminate()
@@ -150,3 +151,33 @@ def test_no_secret_in_the_logs(secure_cluster, pki):
     assert TOKEN not in log
     key_body = open(pki["server"][1]).read().splitlines()[1]
     assert key_body not in log
+
+
+def test_the_http_api_takes_the_same_tls_and_tokens(secure_cluster, pki):
+    """The OpenAI-compatible API serves HTTPS with the gRPC API's certificate and admits the same bearer tokens."""
+    import json
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    url = secure_cluster["http"]
+    assert url.startswith("https://")
+    trusting = ssl.create_default_context(cafile=pki["ca"])
+
+    def post(token, context=trusting, base=url):
+        body = json.dumps({"prompt": "hello", "max_tokens": 3, "temperature": 0, "ignore_eos": True}).encode()
+        headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+        request = urllib.request.Request(base + "/completions", data=body, headers=headers)
+        with urllib.request.urlopen(request, timeout=30, context=context) as response:
+            return json.load(response)
+
+    assert post(TOKEN)["usage"]["completion_tokens"] == 3
+    for token in (None, "wrong-token"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            post(token)
+        assert refused.value.code == 401 and json.load(refused.value)["error"]["type"] == "authentication_error"
+    with pytest.raises(urllib.error.URLError):  # a client that does not trust the CA
+        post(TOKEN, context=ssl.create_default_context())
+    with pytest.raises((urllib.error.URLError, ConnectionError)):  # plain HTTP to the TLS port
+        post(TOKEN, context=None, base=url.replace("https://", "http://"))
+    assert TOKEN not in open(pki["log"]).read()  # nor do HTTP requests put the token in the (debug) log

@@ -62,6 +62,7 @@ async def test_create_builds_every_object_owned_and_labelled(operator: RunningOp
     assert command(coordinator) == ["specsplit", "coordinator", "--target", "coder-target:50051",
                                     "--draft-variants-file", "/etc/specsplit/config/draft-variants.json",
                                     "--port", "50051", "--metrics-port", "9090", "--metrics-host", "0.0.0.0",
+                                    "--http-port", "8000",
                                     "--num-speculative-tokens", "5"]
     assert target["spec"]["replicas"] == 1
     assert target["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}

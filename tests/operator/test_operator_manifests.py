@@ -77,7 +77,8 @@ def test_pod_commands_follow_the_cli_contract() -> None:
     assert container(built[("Deployment", "coder-coordinator")])["command"] == [
         "specsplit", "coordinator", "--target", "coder-target:50051",
         "--draft-variants-file", "/etc/specsplit/config/draft-variants.json",
-        "--port", "50051", "--metrics-port", "9090", "--metrics-host", "0.0.0.0", "--num-speculative-tokens", "6"]
+        "--port", "50051", "--metrics-port", "9090", "--metrics-host", "0.0.0.0", "--http-port", "8000",
+        "--num-speculative-tokens", "6"]
 
 
 def test_replicas_come_from_the_plan_and_the_spec() -> None:
@@ -94,7 +95,7 @@ def test_services_expose_the_coordinator_and_resolve_every_worker_pod() -> None:
     assert public["type"] == "ClusterIP"
     assert public["selector"] == naming.selector("coder", "coordinator")
     assert {p["name"]: (p["port"], p["targetPort"]) for p in public["ports"]} == {
-        "grpc": (8443, "grpc"), "metrics": (9090, "metrics")}
+        "grpc": (8443, "grpc"), "http": (8000, "http"), "metrics": (9090, "metrics")}
     for component in ("target", "draft", "draft-canary"):
         headless = built[("Service", f"coder-{component}")]["spec"]
         assert headless["clusterIP"] == "None"

@@ -1,0 +1,301 @@
+"""The OpenAI-compatible HTTP API, through the real `openai` client, against coordinators in their own processes
+with tiny models: completions and chat, whole and streamed, the same output as the gRPC API, usage, logprobs,
+OpenAI-shaped errors of each status, and a client that leaves mid-stream freeing its KV on both workers."""
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import grpc
+import openai
+import pytest
+from transformers import AutoTokenizer
+
+from cluster import Cluster
+from specsplit.client import Client
+
+TOKEN = "http-test-token-5b2e"
+PROMPT = "def add(a, b):"
+
+
+def _http_url(cluster: Cluster, name: str) -> str:
+    for line in cluster.processes[name].startup_lines:
+        if " OpenAI API on " in line:
+            return line.rsplit(" ", 1)[-1]
+    raise LookupError(f"{name} serves no HTTP API")
+
+
+@pytest.fixture(scope="module")
+def served(tiny_pair, tmp_path_factory):
+    """A target and a draft; `main` (bearer token, metrics) over them; `full` (a queue that takes nothing) over the
+    same workers; `orphan` over a target of its own that the 503 test stops."""
+    tokens = tmp_path_factory.mktemp("http") / "tokens"
+    tokens.write_text(TOKEN + "\n")
+    c = Cluster()
+    model = ["--dtype", "float64", "--num-kv-blocks", "256", "--host", "127.0.0.1", "--port", "0"]
+    try:
+        c.start({
+            "target": ["target", "--model", str(tiny_pair["target"]), *model, "--metrics-port", "0"],
+            "draft": ["draft", "--model", str(tiny_pair["close"]), *model, "--metrics-port", "0"],
+            "lone_target": ["target", "--model", str(tiny_pair["target"]), *model, "--metrics-port", "-1"],
+        })
+        a = c.addresses
+        local = ["--host", "127.0.0.1", "--port", "0", "--http-port", "0"]
+        c.start({
+            "main": ["coordinator", "--target", a["target"], "--draft", a["draft"], *local, "-k", "4",
+                     "--speculation", "fixed", "--metrics-port", "0", "--auth-token-file", str(tokens)],
+            "full": ["coordinator", "--target", a["target"], "--draft", a["draft"], *local, "--max-waiting", "0",
+                     "--metrics-port", "-1"],
+            "orphan": ["coordinator", "--target", a["lone_target"], *local, "--replica-recovery-seconds", "0.5",
+                       "--metrics-port", "-1"],
+        })
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def model_id(served):
+    return served.worker_info("target").model  # the served model's name, as /v1/models lists it
+
+
+@pytest.fixture(scope="module")
+def http(served):
+    return openai.OpenAI(base_url=_http_url(served, "main"), api_key=TOKEN, max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def grpc_client(served):
+    with Client(served.addresses["main"], timeout=60, token=TOKEN) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_pair):
+    return AutoTokenizer.from_pretrained(tiny_pair["target"])
+
+
+def test_models_and_health(served, http, model_id):
+    assert [m.id for m in http.models.list().data] == [model_id]
+    with urllib.request.urlopen(_http_url(served, "main").removesuffix("/v1") + "/health", timeout=10) as response:
+        assert response.status == 200 and json.load(response) == {"status": "ok"}  # open without a token (probes)
+
+
+def test_greedy_completion_matches_grpc(http, grpc_client, model_id, tokenizer):
+    expected = grpc_client.generate(PROMPT, max_tokens=24, temperature=0.0)
+    got = http.completions.create(model=model_id, prompt=PROMPT, max_tokens=24, temperature=0)
+    choice = got.choices[0]
+    assert choice.text == expected.text and choice.finish_reason == expected.finish_reason
+    assert got.object == "text_completion" and got.model == model_id
+    prompt_tokens = len(tokenizer.encode(PROMPT))
+    assert got.usage.prompt_tokens == prompt_tokens == expected.prompt_tokens
+    assert got.usage.completion_tokens == len(expected.token_ids) and got.usage.total_tokens == prompt_tokens + len(expected.token_ids)
+    stats = got.model_extra["specsplit"]["speculation"]  # the extension field; the standard ones stay standard
+    assert stats["rounds"] > 0 and stats["drafted_tokens"] >= stats["accepted_tokens"] > 0
+
+
+def test_streamed_completion_is_the_whole_one(http, grpc_client, model_id):
+    expected = grpc_client.generate(PROMPT, max_tokens=40, temperature=0.0, ignore_eos=True)
+    chunks = list(http.completions.create(model=model_id, prompt=PROMPT, max_tokens=40, temperature=0, stream=True,
+                                          stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == expected.text
+    assert len([c for c in chunks if c.choices and c.choices[0].text]) > 1  # streamed, not one piece
+    finishing = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finishing) == 1 and finishing[0].choices[0].finish_reason == "length"
+    assert finishing[0].model_extra["specsplit"]["speculation"]["rounds"] > 0
+    usage = chunks[-1]
+    assert usage.choices == [] and usage.usage.completion_tokens == 40 == len(expected.token_ids)
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_sampled_with_a_seed_matches_grpc(http, grpc_client, model_id):
+    params = dict(max_tokens=24, temperature=0.9, top_p=0.95, seed=1234)
+    expected = grpc_client.generate(PROMPT, top_k=50, ignore_eos=True, **params)
+    got = http.completions.create(model=model_id, prompt=PROMPT, extra_body={"top_k": 50, "ignore_eos": True}, **params)
+    assert got.choices[0].text == expected.text
+    other_seed = http.completions.create(model=model_id, prompt=PROMPT, extra_body={"top_k": 50, "ignore_eos": True},
+                                         **{**params, "seed": 99})
+    assert other_seed.choices[0].text != expected.text  # the seed reaches the sampler
+
+
+def test_chat_matches_grpc_chat(http, grpc_client, model_id, tokenizer):
+    expected = grpc_client.generate("write a loop", chat=True, max_tokens=20, temperature=0.0)
+    got = http.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "write a loop"}],
+                                       max_completion_tokens=20, temperature=0)
+    assert got.object == "chat.completion"
+    assert got.choices[0].message.role == "assistant" and got.choices[0].message.content == expected.text
+    assert got.usage.prompt_tokens == expected.prompt_tokens
+    streamed = list(http.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "write a loop"}],
+                                                 max_tokens=20, temperature=0, stream=True))
+    assert streamed[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == expected.text
+
+
+def test_chat_history_and_system_prompt_go_through_the_template(http, model_id, tokenizer):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "hello"}, {"role": "user", "content": "again"}]
+    got = http.chat.completions.create(model=model_id, messages=messages, max_tokens=4, temperature=0)
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert got.usage.prompt_tokens == len(rendered)
+
+
+def test_stop_string_and_logprobs(http, grpc_client, model_id):
+    whole = grpc_client.generate(PROMPT, max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=2)
+    stop = next(ch for ch in whole.text[3:] if ch.strip())  # a character the greedy text really reaches
+    cut = http.completions.create(model=model_id, prompt=PROMPT, max_tokens=24, temperature=0, stop=[stop],
+                                  extra_body={"ignore_eos": True})
+    assert cut.choices[0].finish_reason == "stop" and cut.choices[0].text == whole.text[: whole.text.index(stop)]
+    got = http.completions.create(model=model_id, prompt=PROMPT, max_tokens=24, temperature=0, logprobs=2,
+                                  extra_body={"ignore_eos": True})
+    lp = got.choices[0].logprobs
+    assert lp.token_logprobs == pytest.approx([t.logprob for t in whole.logprobs])
+    assert all(len(top) <= 2 for top in lp.top_logprobs) and len(lp.tokens) == 24
+    chat = http.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "x"}], max_tokens=5,
+                                        temperature=0, logprobs=True, top_logprobs=3)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens and all(len(c.top_logprobs) == 3 for c in content)
+
+
+def test_bad_requests_are_400_with_openai_errors(served, http, model_id):
+    with pytest.raises(openai.BadRequestError) as error:
+        http.completions.create(model=model_id, prompt=PROMPT, n=2)
+    assert error.value.status_code == 400 and "n must be 1" in error.value.body["message"]
+    assert error.value.body["param"] == "n" and error.value.body["type"] == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        http.completions.create(model=model_id, prompt=PROMPT, temperature=-1)
+    with pytest.raises(openai.NotFoundError):
+        http.completions.create(model="no-such-model", prompt=PROMPT)
+    # The raw body, as any HTTP client sees it.
+    request = urllib.request.Request(_http_url(served, "main") + "/chat/completions", data=b'{"messages": 3}',
+                                     headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as raw:
+        urllib.request.urlopen(request, timeout=10)
+    body = json.loads(raw.value.read())
+    assert raw.value.code == 400 and set(body["error"]) == {"message", "type", "param", "code"}
+
+
+def test_bad_token_is_401(served, model_id):
+    wrong = openai.OpenAI(base_url=_http_url(served, "main"), api_key="not-the-token", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as error:
+        wrong.completions.create(model=model_id, prompt=PROMPT, max_tokens=2)
+    assert error.value.status_code == 401 and error.value.body["code"] == "invalid_api_key"
+
+
+def test_full_queue_is_429(served, model_id):
+    full = openai.OpenAI(base_url=_http_url(served, "full"), api_key="unused", max_retries=0)
+    with pytest.raises(openai.RateLimitError) as error:
+        full.completions.create(model=model_id, prompt=PROMPT, max_tokens=2)
+    assert error.value.status_code == 429 and "queue full" in error.value.body["message"]
+    with pytest.raises(openai.RateLimitError):  # a stream is refused before it starts
+        list(full.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "x"}], stream=True))
+
+
+def test_no_replica_is_503(served, model_id):
+    orphan = openai.OpenAI(base_url=_http_url(served, "orphan"), api_key="unused", max_retries=0)
+    assert orphan.completions.create(model=model_id, prompt=PROMPT, max_tokens=2, temperature=0).usage.completion_tokens == 2
+    served.processes["lone_target"].kill()
+    served.processes["lone_target"].wait()
+    with pytest.raises(openai.InternalServerError) as error:
+        orphan.completions.create(model=model_id, prompt=PROMPT, max_tokens=2)
+    assert error.value.status_code == 503 and error.value.body["code"] == "no_replica"
+    with pytest.raises(urllib.error.HTTPError) as health:
+        urllib.request.urlopen(_http_url(served, "orphan").removesuffix("/v1") + "/health", timeout=10)
+    assert health.value.code == 503
+
+
+def _scrape(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        lines = response.read().decode().splitlines()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines if line and not line.startswith("#")}
+
+
+def _aborts(served) -> float:
+    metrics = _scrape(served.metrics_url("main"))
+    return sum(v for k, v in metrics.items() if k.startswith("specsplit_requests_total{") and 'finish_reason="abort"' in k)
+
+
+def test_client_leaving_mid_stream_frees_kv_on_both_workers(served, http, model_id):
+    workers = {name: served.metrics_url(name) for name in ("target", "draft")}
+    aborts_before = _aborts(served)
+    stream = http.completions.create(model=model_id, prompt=PROMPT, max_tokens=400, temperature=0, stream=True,
+                                     extra_body={"ignore_eos": True})
+    next(iter(stream))
+    held = {name: _scrape(url)['specsplit_kv_blocks_used{role="%s"}' % name] for name, url in workers.items()}
+    stream.close()  # the client goes away with most of its 400 tokens still to come
+    assert all(blocks > 0 for blocks in held.values()), held  # it held KV on both workers while it streamed
+    deadline = time.monotonic() + 15
+    while True:
+        after = {name: _scrape(url) for name, url in workers.items()}
+        freed = all(m['specsplit_kv_blocks_used{role="%s"}' % n] == 0 and m['specsplit_running_sequences{role="%s"}' % n] == 0
+                    for n, m in after.items())
+        if freed or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert freed, after
+    assert _aborts(served) == aborts_before + 1  # aborted, not run to the end
+    # The coordinator goes on serving.
+    assert http.completions.create(model=model_id, prompt=PROMPT, max_tokens=3, temperature=0).usage.completion_tokens == 3
+
+
+def test_concurrent_streams_each_get_their_own_answer(http, grpc_client, model_id):
+    prompts = [f"{PROMPT} # {i}" for i in range(4)]
+    expected = [grpc_client.generate(p, max_tokens=16, temperature=0.0, ignore_eos=True).text for p in prompts]
+    got = [None] * len(prompts)
+
+    def run(i):
+        chunks = http.completions.create(model=model_id, prompt=prompts[i], max_tokens=16, temperature=0, stream=True,
+                                         extra_body={"ignore_eos": True})
+        got[i] = "".join(c.choices[0].text for c in chunks if c.choices)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert got == expected
+
+
+CONVERSATION = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "hello"}, {"role": "user", "content": "a loop?"}]
+
+
+def test_grpc_chat_takes_a_conversation_as_http_does(served, http, grpc_client, model_id, tmp_path):
+    over_grpc = grpc_client.chat(CONVERSATION, max_tokens=16, temperature=0.0)
+    over_http = http.chat.completions.create(model=model_id, messages=CONVERSATION, max_tokens=16, temperature=0)
+    assert over_grpc.text == over_http.choices[0].message.content
+    assert over_grpc.prompt_tokens == over_http.usage.prompt_tokens
+    streamed = "".join(chunk.text for chunk in grpc_client.chat_stream(CONVERSATION, max_tokens=16, temperature=0.0))
+    assert streamed == over_grpc.text
+    # The command line: --system, a JSON file of the turns so far, --prompt as the last user turn.
+    (tmp_path / "turns.json").write_text(json.dumps(CONVERSATION[1:3]))
+    command = [sys.executable, "-m", "specsplit", "generate", "--server", served.addresses["main"], "--token", TOKEN,
+               "--chat", "--system", "be brief", "--messages", str(tmp_path / "turns.json"), "--prompt", "a loop?",
+               "--max-tokens", "16", "--json"]
+    printed = json.loads(subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout)
+    assert printed["text"] == over_grpc.text and printed["usage"]["prompt_tokens"] == over_grpc.prompt_tokens
+
+
+def test_grpc_refuses_both_a_prompt_and_messages(grpc_client):
+    from specsplit.proto.v1 import generation_pb2
+
+    request = generation_pb2.GenerateRequest(text="hi", messages=[generation_pb2.ChatMessage(role="user", content="x")])
+    with pytest.raises(grpc.RpcError) as error:
+        grpc_client.stub.Generate(request, timeout=30)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not both" in error.value.details()
+    bad_role = generation_pb2.GenerateRequest(messages=[generation_pb2.ChatMessage(role="tool", content="x")])
+    with pytest.raises(grpc.RpcError, match="role"):
+        grpc_client.stub.Generate(bad_role, timeout=30)
+
+
+def test_without_max_tokens_the_answer_runs_to_its_end(http, grpc_client, model_id):
+    """As OpenAI's API: no max_tokens = until end of sequence, bounded by the context (here the tiny model's 512)."""
+    context = http.models.list().data[0].model_extra["max_model_len"]
+    got = http.completions.create(model=model_id, prompt=PROMPT, temperature=0, extra_body={"ignore_eos": True})
+    assert got.choices[0].finish_reason == "length"
+    assert got.usage.prompt_tokens + got.usage.completion_tokens == context
+    over_grpc = grpc_client.generate(PROMPT, temperature=0.0, ignore_eos=True)  # max_tokens unset on the wire too
+    assert over_grpc.text == got.choices[0].text
