@@ -83,7 +83,7 @@ def main() -> None:
     args = parser.parse_args()
     target_dir = Path(resolve_model(TARGET))
     draft_dir = unrelated_draft(Path(tempfile.mkdtemp()) / "unrelated-0.5b", target_dir)
-    prompts = humaneval_prompts(args.prompts + 1)
+    prompts = [p["prompt"] for p in humaneval_prompts(args.prompts + 1)]
     warm, timed = prompts[0], prompts[1:]
     rows = []
 
