@@ -51,7 +51,7 @@ class TargetService(worker_pb2_grpc.TargetWorkerServicer):
 
     async def Describe(self, request, context):
         return worker_info("target", self.model_name, self.verifier.runner, self.verifier.sequences, self.batcher,
-                           self.describe_model_path)
+                           with_path=self.describe_model_path)
 
     def add_to(self, server) -> None:
         worker_pb2_grpc.add_TargetWorkerServicer_to_server(self, server)
