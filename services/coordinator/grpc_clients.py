@@ -65,7 +65,8 @@ class _GrpcWorkerClient:
         self.stream = None
         if transport == "stream":
             open_stream = getattr(self.stub, self.stream_method + "Stream")
-            self.stream = CallStream(lambda: open_stream(), call_timeout)
+            # The stream carries what every call does: the worker secret and this coordinator's id.
+            self.stream = CallStream(lambda: open_stream(metadata=self._metadata), call_timeout)
 
     @property
     def vocab_size(self) -> int:
