@@ -29,7 +29,7 @@ def switched(tiny_pair):
         })
         c.start({"coordinator": ["coordinator", "--target", c.addresses["target"], "--draft", c.addresses["draft"],
                                  "--host", "127.0.0.1", "--port", "0", "-k", "4", "--metrics-port", "0",
-                                 "--no-logprobs-while-speculating"]})
+                                 "--speculation", "fixed", "--no-logprobs-while-speculating"]})
         yield c
     finally:
         c.stop()

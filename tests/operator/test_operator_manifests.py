@@ -256,6 +256,7 @@ def test_a_sharded_draft_runs_one_process_per_gpu_of_its_pod() -> None:
     built = {(obj["kind"], obj["metadata"]["name"]): obj for obj in build_objects(OWNER, spec, PLAN)}
     for name, degree in (("coder-target", "4"), ("coder-draft", "2")):
         deployment = built[("Deployment", name)]
-        assert container(deployment)["command"][-2:] == ["--tensor-parallel-size", degree]
+        command = container(deployment)["command"]
+        assert command[command.index("--tensor-parallel-size") + 1] == degree
         assert container(deployment)["resources"]["limits"] == {"nvidia.com/gpu": degree}
         assert {"name": "dshm", "mountPath": "/dev/shm"} in container(deployment)["volumeMounts"]
