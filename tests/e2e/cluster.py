@@ -1,6 +1,7 @@
 """Real service processes on loopback for end-to-end tests: workers and coordinators started with the CLI."""
 
 import os
+import socket
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -9,6 +10,13 @@ import grpc
 
 from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
 from specsplit.services.service_commands import spawn_service
+
+
+def free_port() -> int:
+    """A loopback port free now (for a worker that must come back on the same address after a restart)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class Cluster:

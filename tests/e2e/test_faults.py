@@ -4,7 +4,6 @@ freed by the workers' leases."""
 
 import asyncio
 import signal
-import socket
 import threading
 import time
 
@@ -15,16 +14,10 @@ from specsplit.client import Client
 from specsplit.services.local_engine import LocalEngine
 from specsplit.services.sampling_params import SamplingParams
 from specsplit.services.service_commands import spawn_service
-from cluster import Cluster
+from cluster import Cluster, free_port
 
 PROMPTS = ["def add(a, b):", "hello world", "import os\n", "1 2 3 4", "class A:", "while True:"]
 MAX_TOKENS = 250
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

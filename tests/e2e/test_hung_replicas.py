@@ -5,7 +5,6 @@ told which sequences moved away, so KV on every worker returns to zero although 
 
 import asyncio
 import signal
-import socket
 import threading
 import time
 
@@ -15,19 +14,13 @@ import pytest
 from specsplit.client import Client
 from specsplit.services.local_engine import LocalEngine
 from specsplit.services.sampling_params import SamplingParams
-from cluster import Cluster
+from cluster import Cluster, free_port
 
 PROMPTS = ["def add(a, b):", "hello world", "import os\n", "1 2 3 4", "class A:", "while True:"]
 MAX_TOKENS = 500  # about the tiny models' whole context (512)
 FREEZE_SECONDS = 6.0  # twice MAX_GAP_SECONDS: a stream that waits for the frozen replica fails the test
 MAX_GAP_SECONDS = 3.0  # the hung-call floor is 1 s; the rest is re-prefill and scheduling on a loaded CI host
 WORKERS = ["target_a", "target_b", "draft"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

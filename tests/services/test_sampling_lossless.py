@@ -34,6 +34,22 @@ def chi_square_pvalue(counts: np.ndarray, expected_probs: np.ndarray) -> float:
     return chisquare(obs[exp > 0], exp[exp > 0] * obs.sum() / exp[exp > 0].sum()).pvalue
 
 
+def seeded_runs(engine, prompt, n: int, max_tokens: int, setting: dict) -> list:
+    """`n` requests of `prompt` at once, seeds 0..n-1, each `max_tokens` long; waits until the engine is idle."""
+
+    async def main():
+        reqs = [
+            engine.coordinator.generate(engine.request(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True,
+                                                                              seed=s, **setting)))
+            for s in range(n)
+        ]
+        results = await asyncio.gather(*reqs)
+        await engine.coordinator.wait_idle()
+        return results
+
+    return asyncio.run(main())
+
+
 @pytest.mark.parametrize("support", [2, 4, 8])
 def test_rejection_sampler_emits_target_distribution(support):
     gen = torch.Generator().manual_seed(support)
@@ -116,16 +132,7 @@ def test_speculative_sampling_matches_target_distribution(small_vocab_pair, sett
     config = CoordinatorConfig(max_num_seqs=500, max_waiting=n)
     engine = LocalEngine(target_dir, draft_dir, num_speculative_tokens=3, dtype="float64", coordinator_config=config)
 
-    async def main():
-        reqs = [
-            engine.coordinator.generate(engine.request(prompt, SamplingParams(max_tokens=3, ignore_eos=True, seed=s, **setting)))
-            for s in range(n)
-        ]
-        results = await asyncio.gather(*reqs)
-        await engine.coordinator.wait_idle()
-        return results
-
-    results = asyncio.run(main())
+    results = seeded_runs(engine, prompt, n, 3, setting)
     outputs = np.array([r.token_ids for r in results])
     assert outputs.shape == (n, 3)
     drafted = sum(r.stats.draft_tokens for r in results)
@@ -172,16 +179,7 @@ def test_pipelined_sampling_matches_target_distribution(close_small_vocab_pair, 
     config = CoordinatorConfig(max_num_seqs=500, max_waiting=n, overlap="on", speculation="fixed")
     engine = LocalEngine(target_dir, draft_dir, num_speculative_tokens=1, dtype="float64", coordinator_config=config)
 
-    async def main():
-        reqs = [
-            engine.coordinator.generate(engine.request(prompt, SamplingParams(max_tokens=5, ignore_eos=True, seed=s, **setting)))
-            for s in range(n)
-        ]
-        results = await asyncio.gather(*reqs)
-        await engine.coordinator.wait_idle()
-        return results
-
-    results = asyncio.run(main())
+    results = seeded_runs(engine, prompt, n, 5, setting)
     outputs = np.array([r.token_ids for r in results])
     assert outputs.shape == (n, 5)
     params = SamplingParams(**setting)
