@@ -7,7 +7,6 @@ engine (local clients) and the gRPC coordinator service (remote clients).
 """
 
 import asyncio
-import itertools
 import logging
 import random
 import time
@@ -62,7 +61,6 @@ class Coordinator:
         self.eos_token_ids = tuple(eos_token_ids)
         self.config = config or CoordinatorConfig()
         self.id = uuid.uuid4().hex[:12]
-        self._counter = itertools.count()
         self._rng = random.Random(seed)
         self.waiting: deque[SequenceState] = deque()
         self.running: list[SequenceState] = []
