@@ -43,7 +43,6 @@ def queries_in_order(query_start_loc: torch.Tensor, max_query_len: int, num_toke
 
 def attention_plan(block_tables, seq_lens, query_start_loc, max_query_len: int, max_seq_len: int, block_size: int,
                    num_tokens: int) -> AttentionPlan:
-    num_seqs = seq_lens.shape[0]
     device = seq_lens.device
     query_lens = query_start_loc[1:] - query_start_loc[:-1]
     offsets = torch.arange(max_query_len, device=device)
