@@ -16,7 +16,7 @@ PROMPTS = [
     "# Return the largest prime factor of n\ndef largest_prime_factor(n: int) -> int:\n",
     "import json\n\ndef load_config(path):\n",
 ]
-MAX_TOKENS = 24
+MAX_TOKENS = 16  # enough for several speculative rounds; the exactness test covers 64-token answers
 
 
 @pytest.fixture(scope="module")
