@@ -64,3 +64,15 @@ class Cluster:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+def generate_concurrently(address: str, prompts: list[str], max_tokens: int, timeout: float = 120, **params) -> list:
+    """Every prompt as its own client's request at once (ignore_eos), through the coordinator at `address`."""
+    from specsplit.client import Client
+
+    def one(prompt):
+        with Client(address, timeout=timeout) as client:
+            return client.generate(prompt, max_tokens=max_tokens, ignore_eos=True, **params)
+
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        return list(pool.map(one, prompts))

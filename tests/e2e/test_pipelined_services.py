@@ -12,7 +12,7 @@ import pytest
 from specsplit.client import Client
 from specsplit.services.local_engine import LocalEngine
 from specsplit.services.sampling_params import SamplingParams
-from cluster import Cluster
+from cluster import Cluster, generate_concurrently
 
 PROMPTS = ["def add(a, b):", "hello world", "import os\n", "class A:"]
 MAX_TOKENS = 160
@@ -52,18 +52,7 @@ def target_alone(tiny_pair):
 
 
 def generate_all(address: str, **params) -> list:
-    results = [None] * len(PROMPTS)
-
-    def run(i):
-        with Client(address, timeout=120) as client:
-            results[i] = client.generate(PROMPTS[i], max_tokens=MAX_TOKENS, ignore_eos=True, **params)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=180)
-    return results
+    return generate_concurrently(address, PROMPTS, MAX_TOKENS, **params)
 
 
 def test_greedy_identical_with_and_without_overlap(pipeline, target_alone):

@@ -7,16 +7,13 @@
 """
 
 import asyncio
-import threading
 
 import pytest
 import torch
 
-from specsplit.client import Client
 from specsplit.services.local_engine import LocalEngine
-from specsplit.services.sampling_params import SamplingParams
-from cluster import Cluster
-from tiny_models import byte_tokenizer
+from cluster import Cluster, generate_concurrently
+from engine_runs import generate_tokens
 
 pytestmark = [
     pytest.mark.gpu,
@@ -28,17 +25,8 @@ MAX_TOKENS = 48
 
 
 def generate(engine: LocalEngine, k: int, temperature: float = 0.0) -> list[list[int]]:
-    tok = byte_tokenizer()
-
-    async def main():
-        params = [SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, num_speculative_tokens=k,
-                                 temperature=temperature, seed=100 + i if temperature else None)
-                  for i in range(len(PROMPTS))]
-        results = await asyncio.gather(*(engine.generate(tok.encode(p), sp) for p, sp in zip(PROMPTS, params)))
-        await engine.coordinator.wait_idle()
-        return [r.token_ids for r in results]
-
-    return asyncio.run(main())
+    seeds = [100 + i for i in range(len(PROMPTS))] if temperature else None
+    return generate_tokens(engine, PROMPTS, k, MAX_TOKENS, temperature, seeds)
 
 
 def outputs(engine: LocalEngine) -> dict:
@@ -84,18 +72,7 @@ def split_over_two_gpus(tiny_pair):
 
 
 def generate_all(address: str, **params) -> list:
-    results = [None] * len(PROMPTS)
-
-    def run(i):
-        with Client(address, timeout=300) as client:
-            results[i] = client.generate(PROMPTS[i], max_tokens=MAX_TOKENS, ignore_eos=True, **params)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=360)
-    return results
+    return generate_concurrently(address, PROMPTS, MAX_TOKENS, timeout=300, **params)
 
 
 def test_overlapped_split_across_gpus_is_lossless(split_over_two_gpus, degree_one):

@@ -7,10 +7,10 @@ import torch
 
 from specsplit.kernels import paged_attention
 from specsplit.kernels.forward_memo import memoized, one_forward
-from specsplit.services.kv.block_manager import BlockTable
 from specsplit.services.models import decoder
 from specsplit.services.models.loader import load_model
-from specsplit.services.runtime.model_runner import ForwardItem, ModelRunner
+from specsplit.services.runtime.model_runner import ModelRunner
+from engine_runs import run_prompt
 
 
 def test_reused_inside_one_forward_only():
@@ -40,18 +40,10 @@ def test_decoder_output_bit_identical_without_the_memo(tiny_pair, monkeypatch):
     real_plan = paged_attention.attention_plan
     monkeypatch.setattr(paged_attention, "attention_plan", lambda *a: plans.append(1) or real_plan(*a))
 
-    def logits(tokens):
-        table = BlockTable()
-        runner.reserve_tokens(table, len(tokens))
-        try:
-            return runner.forward([ForwardItem(table, tokens, len(tokens))])[0]
-        finally:
-            runner.release(table)
-
     prompt = list(range(3, 40))
-    with_memo = logits(prompt)
+    with_memo = run_prompt(runner, prompt)
     assert len(plans) == 1  # one plan for the whole forward, not one per layer
     monkeypatch.setattr(decoder, "one_forward", contextlib.nullcontext)
-    without = logits(prompt)
+    without = run_prompt(runner, prompt)
     assert len(plans) == 1 + loaded.config.num_layers
     assert torch.equal(with_memo, without)

@@ -12,6 +12,7 @@ import torch
 from specsplit.kernels.dispatch import use_triton
 from specsplit.services.local_engine import LocalEngine
 from specsplit.services.sampling_params import SamplingParams
+from engine_runs import generate_tokens
 from tiny_models import byte_tokenizer
 
 pytestmark = [
@@ -24,16 +25,7 @@ MAX_TOKENS = 32
 
 
 def generate(engine: LocalEngine, k: int, temperature: float = 0.0) -> list[list[int]]:
-    tok = byte_tokenizer()
-
-    async def main():
-        params = [SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, num_speculative_tokens=k,
-                                 temperature=temperature, seed=i) for i in range(len(PROMPTS))]
-        results = await asyncio.gather(*(engine.generate(tok.encode(p), sp) for p, sp in zip(PROMPTS, params)))
-        await engine.coordinator.wait_idle()
-        return [r.token_ids for r in results]
-
-    return asyncio.run(main())
+    return generate_tokens(engine, PROMPTS, k, MAX_TOKENS, temperature, seeds=list(range(len(PROMPTS))))
 
 
 def match_rate(outputs: list[list[int]], reference: list[list[int]]) -> float:

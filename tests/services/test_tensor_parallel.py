@@ -15,32 +15,21 @@ import pytest
 import torch
 
 from specsplit.services.errors import InvalidArgument, Unavailable
-from specsplit.services.kv.block_manager import BlockTable
 from specsplit.services.local_engine import LocalEngine
 from specsplit.services.models.loader import load_model
-from specsplit.services.runtime.model_runner import ForwardItem, ModelRunner
+from specsplit.services.runtime.model_runner import ModelRunner
 from specsplit.services.runtime.tensor_parallel_group import check_tensor_parallel_degree
 from specsplit.services.runtime.tensor_parallel_launch import start_tensor_parallel_runner
-from specsplit.services.sampling_params import SamplingParams
-from tiny_models import build_model, byte_tokenizer, save_model
+from engine_runs import generate_tokens, run_prompt
+from tiny_models import build_model, save_model
 
 PROMPTS = ["def add(a, b):", "x", "The quick brown fox jumps over the lazy dog.", "1, 2, 3, 5, 8, 13,"]
 MAX_TOKENS = 20
 
 
 def generate(engine, k: int, temperature: float = 0.0):
-    tok = byte_tokenizer()
-
-    async def main():
-        params = [SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True, num_speculative_tokens=k,
-                                 temperature=temperature, seed=1000 + i if temperature else None)
-                  for i in range(len(PROMPTS))]
-        results = await asyncio.gather(*(engine.coordinator.generate(engine.request(tok.encode(p), sp))
-                                         for p, sp in zip(PROMPTS, params)))
-        await engine.coordinator.wait_idle()
-        return [r.token_ids for r in results]
-
-    return asyncio.run(main())
+    seeds = [1000 + i for i in range(len(PROMPTS))] if temperature else None
+    return generate_tokens(engine, PROMPTS, k, MAX_TOKENS, temperature, seeds)
 
 
 def engine(tiny_pair, target_degree=1, draft_degree=1):
@@ -78,16 +67,6 @@ def test_sharded_logits_match_degree_one(sharded_target, tiny_pair):
     assert logits.shape == expected.shape
     torch.testing.assert_close(logits, expected, rtol=0, atol=1e-9)
     assert torch.equal(logits.argmax(-1), expected.argmax(-1))
-
-
-def run_prompt(runner, tokens):
-    """All logits of a prompt; its KV is freed again."""
-    table = BlockTable()
-    runner.reserve_tokens(table, len(tokens))
-    try:
-        return runner.forward([ForwardItem(table, tokens, len(tokens))])[0]
-    finally:
-        runner.release(table)
 
 
 def test_target_degree_two_greedy_and_sampled_identical(sharded_target, reference):
