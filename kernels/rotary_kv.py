@@ -16,7 +16,6 @@ product and the sum rounded in that dtype.
 
 import torch
 
-from specsplit.kernels.forward_memo import memoized
 from specsplit.kernels.kv_write import write_kv_torch
 
 
@@ -28,17 +27,11 @@ def rotary_table(inv_freq: torch.Tensor, scaling: float, max_positions: int) -> 
     return torch.stack((freqs.cos() * scaling, freqs.sin() * scaling), dim=1)
 
 
-def cos_sin_rows(cos_sin: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of each token's position over the whole head_dim, in the activations' dtype:
-    [tokens, 1, head_dim] each, the same for every layer of a forward (kernels/forward_memo.py)."""
-    angles = cos_sin[positions]
-    cos, sin = angles[:, 0], angles[:, 1]
-    return (torch.cat((cos, cos), dim=-1)[:, None, :].to(dtype), torch.cat((sin, sin), dim=-1)[:, None, :].to(dtype))
-
-
 def rotate_half_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [tokens, heads, head_dim]; cos/sin [tokens, 1, head_dim] in x's dtype (cos_sin_rows) -> x rotated."""
+    """x [tokens, heads, head_dim]; cos/sin [tokens, head_dim // 2] float32 -> x rotated, in x's dtype."""
     half = x.shape[-1] // 2
+    cos = torch.cat((cos, cos), dim=-1)[:, None, :].to(x.dtype)
+    sin = torch.cat((sin, sin), dim=-1)[:, None, :].to(x.dtype)
     rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated_half * sin
 
@@ -56,8 +49,8 @@ def rotary_kv_torch(
 ) -> torch.Tensor:
     q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
     q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-    cos, sin = memoized("rotary", (cos_sin, positions), (qkv.dtype,),
-                        lambda: cos_sin_rows(cos_sin, positions, qkv.dtype))
+    angles = cos_sin[positions]
+    cos, sin = angles[:, 0], angles[:, 1]
     q = rotate_half_pairs(q.reshape(-1, num_heads, head_dim), cos, sin)
     k = rotate_half_pairs(k.reshape(-1, num_kv_heads, head_dim), cos, sin)
     write_kv_torch(k, v.reshape(-1, num_kv_heads, head_dim), key_cache, value_cache, slot_mapping)

@@ -14,7 +14,6 @@ import torch
 from torch import nn
 
 from specsplit.kernels.dispatch import add_rms_norm, paged_attention, rotary_kv, silu_mul
-from specsplit.kernels.forward_memo import one_forward
 from specsplit.services.models.config import DecoderConfig
 from specsplit.services.models.rotary import RotaryEmbedding
 from specsplit.services.runtime.attention_metadata import AttentionMetadata
@@ -105,9 +104,8 @@ class CausalDecoder(nn.Module):
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_caches) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden]."""
         hidden, residual = self.model.embed_tokens(input_ids), None
-        with one_forward():  # the layers share what they would each derive from `meta` and `positions`
-            for layer, kv_cache in zip(self.model.layers, kv_caches):
-                hidden, residual = layer(hidden, residual, positions, self.rotary, meta, kv_cache)
+        for layer, kv_cache in zip(self.model.layers, kv_caches):
+            hidden, residual = layer(hidden, residual, positions, self.rotary, meta, kv_cache)
         return self.model.norm(hidden, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
