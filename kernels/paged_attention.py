@@ -20,14 +20,6 @@ import torch
 import torch.nn.functional as F
 
 
-def queries_in_order(query_start_loc: torch.Tensor, max_query_len: int, num_tokens: int) -> bool:
-    """Every sequence has max_query_len queries and there are no others (a decode or a verification batch): the
-    query is then already the padded batch. Checked only on the CPU, where reading query_start_loc costs no sync."""
-    num_seqs = query_start_loc.shape[0] - 1
-    return (query_start_loc.device.type == "cpu" and num_tokens == num_seqs * max_query_len
-            and int(query_start_loc[-1]) == num_tokens)
-
-
 def paged_attention_torch(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -49,12 +41,8 @@ def paged_attention_torch(
     query_lens = query_start_loc[1:] - query_start_loc[:-1]
     offsets = torch.arange(max_query_len, device=device)
     query_valid = offsets[None, :] < query_lens[:, None]
-    in_order = queries_in_order(query_start_loc, max_query_len, num_tokens)
-    if in_order:
-        padded_query = query.reshape(num_seqs, max_query_len, num_heads, head_dim)
-    else:
-        token_index = (query_start_loc[:-1, None] + offsets[None, :]).clamp(max=max(num_tokens - 1, 0))
-        padded_query = query[token_index]
+    token_index = (query_start_loc[:-1, None] + offsets[None, :]).clamp(max=max(num_tokens - 1, 0))
+    padded_query = query[token_index]
 
     # Gathered KV [num_seqs, max_blocks * block_size, num_kv_heads, head_dim].
     blocks_needed = (max_seq_len + block_size - 1) // block_size
@@ -79,6 +67,4 @@ def paged_attention_torch(
         scale=scale,
         enable_gqa=num_heads != num_kv_heads,
     ).transpose(1, 2)
-    if in_order:
-        return out.reshape(num_tokens, num_heads, head_dim)
     return out[query_valid]

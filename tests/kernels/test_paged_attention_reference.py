@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from paged_batch_inputs import make_paged_batch, naive_attention, relative_error
-from specsplit.kernels import paged_attention
 from specsplit.kernels.paged_attention import paged_attention_torch
 
 
@@ -30,15 +29,3 @@ def test_reference_single_token_context_is_its_value(generator):
     block = int(batch.block_tables[0, 0])
     want = batch.value_cache[block, 0].repeat_interleave(2, dim=0)
     torch.testing.assert_close(got[0], want, rtol=0, atol=1e-12)
-
-
-@pytest.mark.parametrize("query_len", [1, 5])
-def test_in_order_batches_skip_the_gather_bit_identically(query_len, generator, monkeypatch):
-    """A decode (1 query each) or verification (k+1 each) batch reads the query as the padded batch directly; the
-    result is bit-identical to gathering it, and still equals naive attention."""
-    batch = make_paged_batch([query_len] * 3, [37, 18, 64], 14, 2, 64, 16, torch.float32, "cpu", generator)
-    in_order = paged_attention_torch(*batch.args())
-    monkeypatch.setattr(paged_attention, "queries_in_order", lambda *args: False)
-    gathered = paged_attention_torch(*batch.args())
-    assert torch.equal(in_order, gathered)
-    assert relative_error(in_order.double(), naive_attention(batch.to(torch.float64))) < 1e-5
