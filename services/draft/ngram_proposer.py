@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import torch
 
 from specsplit.services.draft.proposer import DraftPrefill, Proposal, ProposeItem
-from specsplit.services.errors import InvalidArgument, UnknownSequence
+from specsplit.services.errors import InvalidArgument
+from specsplit.services.runtime.sequence_handles import SequenceHandles
 
 DEFAULT_NGRAM_MAX = 4
 DEFAULT_NGRAM_MIN = 1
@@ -43,44 +44,6 @@ class NgramSequence:
     last_used: float = field(default_factory=time.monotonic)
 
 
-class NgramSequences:
-    """The handles the proposer holds (the calls the draft service's telemetry and lease expiry make)."""
-
-    def __init__(self):
-        self._by_handle: dict[str, NgramSequence] = {}
-        self.created_total = 0
-
-    def __len__(self) -> int:
-        return len(self._by_handle)
-
-    def __contains__(self, handle: str) -> bool:
-        return handle in self._by_handle
-
-    def handles(self) -> list[str]:
-        return list(self._by_handle)
-
-    def add(self, sequence: NgramSequence) -> None:
-        self._by_handle[sequence.handle] = sequence
-        self.created_total += 1
-
-    def get(self, handle: str) -> NgramSequence:
-        sequence = self._by_handle.get(handle)
-        if sequence is None:
-            raise UnknownSequence(f"unknown sequence handle '{handle}' (released, expired or never prefilled)")
-        sequence.last_used = time.monotonic()
-        return sequence
-
-    def release(self, handle: str) -> bool:
-        return self._by_handle.pop(handle, None) is not None
-
-    def release_idle(self, max_idle_seconds: float) -> list[str]:
-        now = time.monotonic()
-        stale = [h for h, s in self._by_handle.items() if now - s.last_used > max_idle_seconds]
-        for handle in stale:
-            self.release(handle)
-        return stale
-
-
 class NgramProposer:
     kind = "ngram"
     runner = None  # no model: nothing to load, warm up or keep KV for
@@ -92,7 +55,7 @@ class NgramProposer:
         self.max_speculative_tokens = max_speculative_tokens
         self.max_model_len = max_context
         self.vocab_size = 0  # any vocabulary: it proposes only tokens the sequence already holds
-        self.sequences = NgramSequences()
+        self.sequences = SequenceHandles()
 
     def prefill(self, items: list[DraftPrefill]) -> list[int | Exception]:
         """Take each prompt as its sequence's context. Returns per item the tokens held, or that item's error."""

@@ -7,9 +7,10 @@ sequence can be dropped at any time (release, lease expiry) and rebuilt from the
 import time
 from dataclasses import dataclass, field
 
-from specsplit.services.errors import InvalidArgument, UnknownSequence
+from specsplit.services.errors import InvalidArgument
 from specsplit.services.kv.block_manager import BlockTable
 from specsplit.services.runtime.model_runner import ModelRunner
+from specsplit.services.runtime.sequence_handles import SequenceHandles
 
 
 @dataclass(frozen=True)
@@ -37,22 +38,12 @@ class WorkerSequence:
     last_used: float = field(default_factory=time.monotonic)
 
 
-class WorkerSequences:
+class WorkerSequences(SequenceHandles):
     """The handles a worker holds, each owning KV blocks of the runner's cache."""
 
     def __init__(self, runner: ModelRunner):
+        super().__init__()
         self.runner = runner
-        self._by_handle: dict[str, WorkerSequence] = {}
-        self.created_total = 0
-
-    def __len__(self) -> int:
-        return len(self._by_handle)
-
-    def __contains__(self, handle: str) -> bool:
-        return handle in self._by_handle
-
-    def handles(self) -> list[str]:
-        return list(self._by_handle)
 
     def start(self, handle: str, sampling: WorkerSampling, prompt: list[int], role: str) -> tuple[WorkerSequence, int]:
         """A new sequence for `prompt`, on the KV of its longest cached prefix (kv/prefix_cache.py). Returns it and
@@ -61,23 +52,15 @@ class WorkerSequences:
         self.check_prompt(prompt, role)
         if not handle:
             raise InvalidArgument("sequence handle must be non-empty")
-        if handle in self._by_handle:  # a retried prefill starts over
+        if handle in self:  # a retried prefill starts over
             self.release(handle)
         sequence = WorkerSequence(handle, sampling)
-        self._by_handle[handle] = sequence
-        self.created_total += 1
+        self.add(sequence)
         return sequence, self.runner.block_manager.reuse_prefix(sequence.table, prompt, len(prompt) - 1)
 
     def prompt_written(self, sequence: WorkerSequence, prompt: list[int]) -> None:
         """The prompt's KV is in the cache: offer its full blocks to later prompts."""
         self.runner.block_manager.remember_prefix(sequence.table, prompt)
-
-    def get(self, handle: str) -> WorkerSequence:
-        sequence = self._by_handle.get(handle)
-        if sequence is None:
-            raise UnknownSequence(f"unknown sequence handle '{handle}' (released, expired or never prefilled)")
-        sequence.last_used = time.monotonic()
-        return sequence
 
     def check_prompt(self, token_ids: list[int], role: str) -> None:
         """A prompt a worker can take: non-empty, inside the vocabulary, shorter than the served context."""
@@ -98,17 +81,5 @@ class WorkerSequences:
             )
         self.runner.block_manager.truncate(sequence.table, cached_len)
 
-    def release(self, handle: str) -> bool:
-        sequence = self._by_handle.pop(handle, None)
-        if sequence is None:
-            return False
+    def released(self, sequence: WorkerSequence) -> None:
         self.runner.release(sequence.table)
-        return True
-
-    def release_idle(self, max_idle_seconds: float) -> list[str]:
-        """Free sequences nobody has touched for a while (their coordinator is gone)."""
-        now = time.monotonic()
-        stale = [h for h, s in self._by_handle.items() if now - s.last_used > max_idle_seconds]
-        for handle in stale:
-            self.release(handle)
-        return stale
