@@ -341,29 +341,38 @@ def split_runs(target_dir, draft_dir, alpha, batches, max_tokens, device_target,
             one(prompts(1)[0], 0, 16)
             for batch in batches:
                 for k in (0, K):
-                    runs = []
-                    for _ in range(REPEATS):
-                        with ThreadPoolExecutor(batch) as pool:
-                            start = time.perf_counter()
-                            results = list(pool.map(lambda p: one(p, k, max_tokens), prompts(batch)))
-                            elapsed = time.perf_counter() - start
-                        runs.append(summarize(results, elapsed, batch))
-                    runs.sort(key=lambda r: r["tokens_per_s_total"])
+                    median, _ = client_batch_runs(lambda p: one(p, k, max_tokens), batch, REPEATS)
                     row = {"target": size, "mode": "split" if k else "split_target_only", "batch": batch, "k": k,
                            "alpha": alpha if k else None, "acceptance": "synthetic" if k else None,
-                           "devices": f"target {device_target}, draft {device_draft}", **runs[len(runs) // 2],
-                           "repeats_tokens_per_s_total": [r["tokens_per_s_total"] for r in runs]}
+                           "devices": f"target {device_target}, draft {device_draft}", **median}
                     rows.append(row)
                     log(row)
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except Exception:
-                p.kill()
+        stop_processes(procs)
     return rows
+
+
+def client_batch_runs(generate_one, batch: int, repeats: int) -> tuple[dict, list]:
+    """`repeats` timed runs of `batch` concurrent requests through a client (generate_one(prompt) each): the median
+    run's summary with every run's tokens/s, and the last run's results."""
+    runs = []
+    for _ in range(repeats):
+        with ThreadPoolExecutor(batch) as pool:
+            start = time.perf_counter()
+            results = list(pool.map(generate_one, prompts(batch)))
+            runs.append(summarize(results, time.perf_counter() - start, batch))
+    runs.sort(key=lambda r: r["tokens_per_s_total"])
+    return {**runs[len(runs) // 2], "repeats_tokens_per_s_total": [r["tokens_per_s_total"] for r in runs]}, results
+
+
+def stop_processes(procs) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=20)
+        except Exception:
+            p.kill()
 
 
 def split_only(args, size, hf_target, hf_draft, target, draft) -> None:

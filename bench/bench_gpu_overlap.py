@@ -121,28 +121,16 @@ def split_rows(args, target_dir, draft_dir, alpha, batches, devices) -> list[dic
 
                     with ThreadPoolExecutor(batch) as pool:  # warm-up: every shape, and auto's measurements
                         list(pool.map(lambda p: one(p, 2 * args.max_tokens), e2e.prompts(batch)))
-                    runs = []
-                    for _ in range(args.repeats):
-                        with ThreadPoolExecutor(batch) as pool:
-                            start = time.perf_counter()
-                            results = list(pool.map(one, e2e.prompts(batch)))
-                            runs.append(e2e.summarize(results, time.perf_counter() - start, batch))
-                runs.sort(key=lambda r: r["tokens_per_s_total"])
+                    median, results = e2e.client_batch_runs(one, batch, args.repeats)
                 row = {"mode": mode, "batch": batch, "k": k, "alpha": alpha if k else None,
                        "acceptance": "synthetic" if k else None, "devices": f"target {devices[0]}, draft {devices[1]}",
-                       **runs[len(runs) // 2], "repeats_tokens_per_s_total": [r["tokens_per_s_total"] for r in runs],
+                       **median,
                        "pre_proposed_rounds": sum(r.stats.pre_proposed_rounds for r in results),
                        "rounds": sum(r.stats.rounds for r in results)}
                 rows.append(row)
                 e2e.log(row)
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except Exception:
-                p.kill()
+        e2e.stop_processes(procs)
     return rows
 
 
