@@ -76,3 +76,17 @@ def generate_concurrently(address: str, prompts: list[str], max_tokens: int, tim
 
     with ThreadPoolExecutor(len(prompts)) as pool:
         return list(pool.map(one, prompts))
+
+
+def scrape(url: str) -> dict[tuple, float]:
+    """{(sample name, sorted labels): value} from the Prometheus text page at `url`/metrics."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text) for s in family.samples
+    }

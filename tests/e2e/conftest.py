@@ -25,3 +25,25 @@ def cluster(tiny_pair):
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture(scope="session")
+def target_alone(tiny_pair):
+    """The float64 tiny target alone, in process: target_alone(prompt, **sampling params) -> its GenerationResult,
+    the reference the services' output is compared with."""
+    import asyncio
+
+    from specsplit.services.local_engine import LocalEngine
+    from specsplit.services.sampling_params import SamplingParams
+
+    engine = LocalEngine(tiny_pair["target"], None, num_speculative_tokens=0, dtype="float64")
+
+    def run(prompt, **params):
+        async def main():
+            result = await engine.generate(prompt, SamplingParams(**params))
+            await engine.coordinator.wait_idle()
+            return result
+
+        return asyncio.run(main())
+
+    return run

@@ -1,18 +1,13 @@
 """Deployment switches through real processes: a target started with `--acceptance-method typical` (NOT lossless)
 and a coordinator started with `--no-logprobs-while-speculating`; what responses, errors and metrics say."""
 
-import asyncio
-import urllib.request
 
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from cluster import Cluster
+from cluster import Cluster, scrape
 from specsplit.client import Client
 from specsplit.proto.v1 import common_pb2
-from specsplit.services.local_engine import LocalEngine
-from specsplit.services.sampling_params import SamplingParams
 
 PROMPTS = ["def add(a, b):", "hello world", "1 2 3 4 5"]
 
@@ -33,27 +28,6 @@ def switched(tiny_pair):
         yield c
     finally:
         c.stop()
-
-
-@pytest.fixture(scope="module")
-def target_alone(tiny_pair):
-    engine = LocalEngine(tiny_pair["target"], None, num_speculative_tokens=0, dtype="float64")
-
-    def run(prompt, **params):
-        async def main():
-            result = await engine.generate(prompt, SamplingParams(**params))
-            await engine.coordinator.wait_idle()
-            return result
-
-        return asyncio.run(main())
-
-    return run
-
-
-def scrape(url: str) -> dict:
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
 
 
 def test_typical_target_labels_its_responses_and_metrics(switched, target_alone):

@@ -3,19 +3,14 @@ processes over loopback gRPC, as an in-coordinator canary beside a model draft (
 `specsplit generate --local` and `specsplit serve`: greedy output identical to the target alone everywhere, and
 metrics that tell the proposer kinds apart."""
 
-import asyncio
 import json
 import subprocess
 import sys
-import urllib.request
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from cluster import Cluster
+from cluster import Cluster, scrape
 from specsplit.client import Client
-from specsplit.services.local_engine import LocalEngine
-from specsplit.services.sampling_params import SamplingParams
 
 # Prompts that repeat themselves, so lookups find matches (a random-weight target repeats itself too).
 PROMPTS = ["def add(a, b):\n    return a + b\n\ndef add(a, b):", "abcabcabcabc", "the cat saw the dog and the cat"]
@@ -50,27 +45,6 @@ def lookup_cluster(tiny_pair, tmp_path_factory):
         c.stop()
 
 
-@pytest.fixture(scope="module")
-def target_alone(tiny_pair):
-    engine = LocalEngine(tiny_pair["target"], None, num_speculative_tokens=0, dtype="float64")
-
-    def run(prompt):
-        async def main():
-            result = await engine.generate(prompt, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True))
-            await engine.coordinator.wait_idle()
-            return result.token_ids
-
-        return asyncio.run(main())
-
-    return run
-
-
-def scrape(url: str) -> dict:
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
-
-
 def test_ngram_draft_service_is_lossless_over_grpc(lookup_cluster, target_alone):
     info = lookup_cluster.worker_info("draft_ngram")
     assert (info.role, info.proposer, info.vocab_size) == ("draft", "ngram", 0)  # no model: any vocabulary
@@ -78,7 +52,7 @@ def test_ngram_draft_service_is_lossless_over_grpc(lookup_cluster, target_alone)
         results = [client.generate(p, max_tokens=MAX_TOKENS, ignore_eos=True) for p in PROMPTS]
         sampled = client.generate(PROMPTS[1], max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0.8, seed=5)
         again = client.generate(PROMPTS[1], max_tokens=MAX_TOKENS, ignore_eos=True, temperature=0.8, seed=5)
-    assert [r.token_ids for r in results] == [target_alone(p) for p in PROMPTS]
+    assert [r.token_ids for r in results] == [target_alone(p, max_tokens=MAX_TOKENS, ignore_eos=True).token_ids for p in PROMPTS]
     drafted = sum(r.stats.draft_tokens for r in results)
     assert drafted > 0 and 0 < sum(r.stats.accepted_tokens for r in results) <= drafted
     assert sampled.token_ids == again.token_ids and sampled.stats.draft_tokens > 0  # a seed reproduces its output
@@ -95,7 +69,7 @@ def test_ngram_canary_beside_a_model_draft(lookup_cluster, target_alone):
     prompts = PROMPTS * 4  # each request picks a variant by weight: both get some
     with Client(lookup_cluster.addresses["canary"], timeout=60) as client:
         results = [client.generate(p, max_tokens=MAX_TOKENS, ignore_eos=True) for p in prompts]
-    expected = {p: target_alone(p) for p in PROMPTS}
+    expected = {p: target_alone(p, max_tokens=MAX_TOKENS, ignore_eos=True).token_ids for p in PROMPTS}
     assert [r.token_ids for r in results] == [expected[p] for p in prompts]
     assert {r.draft_variant for r in results} == {"model", "lookup"}
     assert all(r.stats.draft_tokens > 0 for r in results if r.draft_variant == "model")
@@ -120,7 +94,7 @@ def test_generate_local_and_serve_with_the_ngram_proposer(tiny_pair, target_alon
     served = run_cli("serve", "--target", str(tiny_pair["target"]), "--proposer", "ngram", "--port", "0",
                      "--metrics-port", "-1", *common)
     assert served.returncode == 0, served.stderr
-    expected = target_alone(PROMPTS[0])
+    expected = target_alone(PROMPTS[0], max_tokens=MAX_TOKENS, ignore_eos=True).token_ids
     for output in (local, served):
         result = json.loads(output.stdout.strip().splitlines()[-1])
         assert result["token_ids"] == expected and result["stats"]["draft_tokens"] > 0

@@ -13,9 +13,8 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from prometheus_client.parser import text_string_to_metric_families
 
-from cluster import Cluster
+from cluster import Cluster, scrape
 from otlp_collector import OtlpCollector
 from specsplit.client import Client
 from specsplit.services.coordinator import public_messages as pm
@@ -66,16 +65,6 @@ def free_ports(n: int) -> list[int]:
     for s in sockets:
         s.close()
     return ports
-
-
-def scrape(url: str) -> dict[tuple, float]:
-    """{(sample name, sorted labels): value} from a Prometheus text page."""
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text) for s in family.samples
-    }
 
 
 def value(samples: dict, name: str, **labels) -> float:

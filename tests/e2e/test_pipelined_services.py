@@ -3,15 +3,12 @@ target and drafts, give token-identical greedy output (identical to the target a
 output; the overlapped one really proposed ahead; a draft or a target killed mid-pipeline loses no request and
 leaves no KV on the workers that remain."""
 
-import asyncio
 import signal
 import threading
 
 import pytest
 
 from specsplit.client import Client
-from specsplit.services.local_engine import LocalEngine
-from specsplit.services.sampling_params import SamplingParams
 from cluster import Cluster, generate_concurrently
 
 PROMPTS = ["def add(a, b):", "hello world", "import os\n", "class A:"]
@@ -42,24 +39,19 @@ def pipeline(tiny_pair):
 
 
 @pytest.fixture(scope="module")
-def target_alone(tiny_pair):
-    engine = LocalEngine(tiny_pair["target"], None, num_speculative_tokens=0, dtype="float64")
-
-    async def main():
-        return [await engine.generate(p, SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)) for p in PROMPTS]
-
-    return [r.token_ids for r in asyncio.run(main())]
+def greedy_alone(target_alone):
+    return [target_alone(p, max_tokens=MAX_TOKENS, ignore_eos=True).token_ids for p in PROMPTS]
 
 
 def generate_all(address: str, **params) -> list:
     return generate_concurrently(address, PROMPTS, MAX_TOKENS, **params)
 
 
-def test_greedy_identical_with_and_without_overlap(pipeline, target_alone):
+def test_greedy_identical_with_and_without_overlap(pipeline, greedy_alone):
     on = generate_all(pipeline.addresses["on"])
     off = generate_all(pipeline.addresses["off"])
-    assert [list(r.token_ids) for r in off] == target_alone
-    assert [list(r.token_ids) for r in on] == target_alone
+    assert [list(r.token_ids) for r in off] == greedy_alone
+    assert [list(r.token_ids) for r in on] == greedy_alone
     # The pipelined coordinator verified rounds whose proposals the draft made during the previous verification.
     assert sum(r.stats.pre_proposed_rounds for r in on) > 0
     assert sum(r.stats.pre_proposed_rounds for r in off) == 0
@@ -96,15 +88,15 @@ def kill_mid_stream(pipeline, victim: str) -> list:
     return results
 
 
-def test_draft_killed_mid_pipeline_loses_nothing_and_leaks_no_kv(pipeline, target_alone):
+def test_draft_killed_mid_pipeline_loses_nothing_and_leaks_no_kv(pipeline, greedy_alone):
     results = kill_mid_stream(pipeline, "draft_a")
-    assert results == target_alone  # every request completed, with exactly the fault-free greedy output
+    assert results == greedy_alone  # every request completed, with exactly the fault-free greedy output
     infos = pipeline.wait_kv_free(["target", "target_b", "draft_b"])
     assert all(i.kv_blocks_used == 0 and i.sequences == 0 for i in infos.values())
 
 
-def test_target_killed_mid_pipeline_loses_nothing_and_leaks_no_kv(pipeline, target_alone):
+def test_target_killed_mid_pipeline_loses_nothing_and_leaks_no_kv(pipeline, greedy_alone):
     results = kill_mid_stream(pipeline, "target")  # its sequences are re-prefilled on target_b
-    assert results == target_alone
+    assert results == greedy_alone
     infos = pipeline.wait_kv_free(["target_b", "draft_b"])
     assert all(i.kv_blocks_used == 0 and i.sequences == 0 for i in infos.values())
