@@ -28,6 +28,7 @@ from specsplit.services.draft.proposer import DraftPrefill, ProposeItem
 from specsplit.services.errors import InvalidArgument, KVCacheFull, ResourceExhausted, Unavailable, UnknownSequence
 from specsplit.services.runtime.worker_sequences import WorkerSampling
 from specsplit.services.target.verifier import TargetPrefill, VerifyItem
+from specsplit.services.telemetry import round_timeline
 from specsplit.services.telemetry.coordinator_telemetry import CoordinatorTelemetry
 
 log = logging.getLogger(__name__)
@@ -304,6 +305,7 @@ class Coordinator:
     async def _round(self, sequences: list[SequenceState]) -> None:
         if not sequences:
             return
+        round_timeline.mark("round.start")
         batch = len(sequences)
         # k for the round: each sequence's cap (its request, its room, its draft), then, for the sequences that leave
         # it to the policy, its choice for the batch from their acceptance and the costs measured at this batch size.
@@ -383,6 +385,7 @@ class Coordinator:
             # adaptive while every round overlaps; concurrent calls only ever look slower, never faster.
             self.policy.record_costs(batch, k, ahead_seconds * k / (k + 1), verify_seconds)
         self.telemetry.round_chosen(k, batch)
+        round_timeline.mark("round.committed")
 
     # ---- overlapped rounds (overlap_policy.py, pre_proposals.py) -------------------------------------------------
 

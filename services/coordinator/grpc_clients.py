@@ -12,6 +12,7 @@ from specsplit.services.rpc import worker_messages as msg
 from specsplit.services.rpc.server import MAX_MESSAGE_BYTES
 from specsplit.services.rpc.status_codes import error_from_rpc
 from specsplit.services.rpc.worker_credentials import worker_call_metadata
+from specsplit.services.telemetry import round_timeline
 from specsplit.services.telemetry.trace_propagation import outgoing_metadata
 
 CHANNEL_OPTIONS = [
@@ -137,7 +138,13 @@ class GrpcDraftClient(_GrpcWorkerClient):
         return msg.draft_prefill_results(await self._call(self.stub.Prefill, msg.draft_prefill_request(items)))
 
     async def propose(self, items):
-        return msg.proposals(await self._round_call(msg.propose_request(items)))
+        request = msg.propose_request(items)
+        round_timeline.mark("propose.built")
+        response = await self._round_call(request)
+        round_timeline.mark("propose.answered")
+        results = msg.proposals(response)
+        round_timeline.mark("propose.unpacked")
+        return results
 
 
 class GrpcTargetClient(_GrpcWorkerClient):
@@ -150,5 +157,10 @@ class GrpcTargetClient(_GrpcWorkerClient):
         return msg.verdicts(response, [i.logprobs is not None for i in items])
 
     async def verify(self, items):
-        response = await self._round_call(msg.verify_request(items))
-        return msg.verdicts(response, [i.logprobs is not None for i in items])
+        request = msg.verify_request(items)
+        round_timeline.mark("verify.built")
+        response = await self._round_call(request)
+        round_timeline.mark("verify.answered")
+        results = msg.verdicts(response, [i.logprobs is not None for i in items])
+        round_timeline.mark("verify.unpacked")
+        return results

@@ -11,6 +11,7 @@ from specsplit.services.coordinator.server import GenerationService
 from specsplit.services.errors import InvalidArgument
 from specsplit.services.rpc.security import BearerTokenInterceptor
 from specsplit.services.rpc.server import start_server
+from specsplit.services.telemetry import round_timeline
 from specsplit.services.telemetry.service_observability import observe_coordinator
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ async def serve_coordinator(
     auth_tokens: list[str] | None = None,
     http_port: int = -1,
 ) -> None:
+    round_timeline.set_role("coordinator")
     target_pool, draft_pools = await connect_pools(targets, draft_variants, connect_timeout, worker_security)
     first = target_pool.replicas[0].info
     tok = load_tokenizer(tokenizer or first.model_path)

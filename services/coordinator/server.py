@@ -11,6 +11,7 @@ from specsplit.services.coordinator import public_messages as pm
 from specsplit.services.coordinator.coordinator import Coordinator
 from specsplit.services.coordinator.generation import GenerationRequest
 from specsplit.services.errors import SpecsplitError
+from specsplit.services.telemetry import round_timeline
 from specsplit.services.rpc.status_codes import status_code_for
 from specsplit.services.tokenization import encode_for_request
 
@@ -43,6 +44,7 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
             generation = await self._request(request)
             async for event in self.coordinator.stream(generation):
                 yield pm.stream_event_pb(event, generation.request_id)
+                round_timeline.mark("client.streamed")
         except SpecsplitError as error:
             await context.abort(status_code_for(error), str(error))
 

@@ -11,6 +11,7 @@ from specsplit.services.rpc.invalid_items import valid_items_only
 from specsplit.services.rpc.worker_credentials import bind_handles, caller_owner, owned_handles
 from specsplit.services.rpc.step_batcher import StepBatcher
 from specsplit.services.rpc.worker_info import worker_info
+from specsplit.services.telemetry import round_timeline
 from specsplit.services.telemetry.worker_telemetry import WorkerTelemetry
 
 
@@ -36,8 +37,14 @@ class DraftService(worker_pb2_grpc.DraftWorkerServicer):
         return msg.draft_prefill_response(await self.batcher.submit("prefill", items))
 
     async def Propose(self, request, context):
+        round_timeline.mark("draft.received")
         items = self.telemetry.received(bind_handles(msg.propose_items(request), caller_owner(context)), context)
-        return msg.propose_response(await self.batcher.submit("propose", items))
+        round_timeline.mark("draft.unpacked")
+        results = await self.batcher.submit("propose", items)
+        round_timeline.mark("draft.resumed")
+        response = msg.propose_response(results)
+        round_timeline.mark("draft.answered")
+        return response
 
     async def ProposeStream(self, requests, context):
         async for request in requests:  # one at a time: responses keep the requests' order

@@ -11,6 +11,8 @@ import threading
 from collections import deque
 from typing import Callable
 
+from specsplit.services.telemetry import round_timeline
+
 log = logging.getLogger(__name__)
 
 
@@ -20,6 +22,7 @@ class StepBatcher:
         self._pending: deque = deque()
         self._cond = threading.Condition()
         self._stopped = False
+        self._name = name
         self._thread = threading.Thread(target=self._loop, name=f"{name}-compute", daemon=True)
         self._thread.start()
         self.steps = 0
@@ -60,12 +63,14 @@ class StepBatcher:
             if kind is None:
                 return
             merged = [item for _, items, _, _ in calls for item in items]
+            round_timeline.mark(f"{self._name}.step_start")
             try:
                 results = self._handlers[kind](merged)
             except Exception as error:  # a failed step fails its calls, not the worker
                 log.exception("%s step failed", kind)
                 results = [error] * len(merged)
             self.steps += 1
+            round_timeline.mark(f"{self._name}.step_end")
             start = 0
             for _, items, future, loop in calls:
                 part = results[start : start + len(items)] if isinstance(results, list) else results

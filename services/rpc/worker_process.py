@@ -11,6 +11,7 @@ from specsplit.services.models.layout_calibration import role_rows, use_calibrat
 from specsplit.services.rpc.server import start_server
 from specsplit.services.rpc.worker_credentials import is_loopback, listen_host, worker_secret_interceptor
 from specsplit.services.runtime.model_runner import ModelRunner
+from specsplit.services.telemetry import round_timeline
 from specsplit.services.telemetry.service_observability import observe_worker
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ def _warm_up(worker, max_k: int) -> None:
 async def serve_worker(role: str, model: str, host: str, port: int, lease_seconds: float = 600.0, metrics_port: int = -1,
                        security=None, secret: str | None = None, allow_unauthenticated: bool = False,
                        metrics_host: str = "127.0.0.1", **model_options) -> None:
+    round_timeline.set_role(role)
     host = listen_host(host, secret, bool(security and security.client_ca_file), allow_unauthenticated)
     service, service_name = build_worker_service(role, model, **model_options)
     observability = observe_worker(role, service, metrics_host, metrics_port)  # metrics_port < 0: none

@@ -7,6 +7,7 @@ from specsplit.services.rpc.worker_credentials import bind_handles, caller_owner
 from specsplit.services.rpc.step_batcher import StepBatcher
 from specsplit.services.rpc.worker_info import worker_info
 from specsplit.services.target.verifier import TargetVerifier
+from specsplit.services.telemetry import round_timeline
 from specsplit.services.telemetry.worker_telemetry import WorkerTelemetry
 
 
@@ -38,8 +39,14 @@ class TargetService(worker_pb2_grpc.TargetWorkerServicer):
         return msg.verify_response(await self.batcher.submit("prefill", items))
 
     async def Verify(self, request, context):
+        round_timeline.mark("target.received")
         items = self.telemetry.received(bind_handles(msg.verify_items(request), caller_owner(context)), context)
-        return msg.verify_response(await self.batcher.submit("verify", items))
+        round_timeline.mark("target.unpacked")
+        results = await self.batcher.submit("verify", items)
+        round_timeline.mark("target.resumed")
+        response = msg.verify_response(results)
+        round_timeline.mark("target.answered")
+        return response
 
     async def VerifyStream(self, requests, context):
         async for request in requests:  # one at a time: responses keep the requests' order

@@ -1,0 +1,342 @@
+"""What the split costs per round, and where it goes: the same requests in one process (LocalEngine) and through the
+services (target, draft and coordinator processes over loopback gRPC; and, where built, the co-located mode), at
+each batch size and k, with per-stage timestamps of the round's path through the processes.
+
+Rows (per mode, batch, k): tokens/s over the batch, rounds (the batch loop's), seconds per round, TTFT and TPOT at
+the client (in one process: at the engine's stream), and for the services modes `extra_ms_per_round` = (their seconds
+per round - one process's) * 1000, the goal's measure. The services run with SPECSPLIT_ROUND_TIMELINE set
+(services/telemetry/round_timeline.py), and a breakdown row per (mode, batch, k) gives the median of each stage
+across the rounds: coordinator build, send, worker receive and unpack, hand-off to the compute step, model, hand
+back, answer, coordinator receive and unpack, commit, and the time between rounds.
+
+CPU: tiny random-weight models (tests/tiny_models.py) with a close draft (real acceptance, greedy), every process on
+one torch thread. GPU: random-weight Qwen2.5 shapes (bf16), target on --devices[0], draft on --devices[1]; k > 0 rows
+there use the SYNTHETIC ACCEPTANCE benchmark mode (--alpha, NOT lossless: a coin of bias alpha per proposal; emitted
+tokens are real target samples).
+
+    python bench/bench_split_breakdown.py                          # CPU, tiny models
+    python3 bench/bench_split_breakdown.py --device cuda --target 7b --draft 0.5b --alpha 0.7
+"""
+
+import argparse
+import asyncio
+import glob
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+
+import torch  # noqa: E402
+
+from bench_common import print_table, write_results  # noqa: E402
+
+STAGES = [  # (name, from mark, to mark): consecutive marks of one round; a worker's marks lie inside its call
+    ("coordinator_build_propose", "round.start", "propose.built"),
+    ("propose_send", "propose.built", "draft.received"),
+    ("draft_unpack", "draft.received", "draft.unpacked"),
+    ("draft_hand_off", "draft.unpacked", "draft.step_start"),
+    ("draft_model", "draft.step_start", "draft.step_end"),
+    ("draft_hand_back", "draft.step_end", "draft.resumed"),
+    ("draft_answer", "draft.resumed", "draft.answered"),
+    ("propose_return", "draft.answered", "propose.answered"),
+    ("coordinator_unpack_propose", "propose.answered", "propose.unpacked"),
+    ("coordinator_build_verify", "propose.unpacked", "verify.built"),
+    ("verify_send", "verify.built", "target.received"),
+    ("target_unpack", "target.received", "target.unpacked"),
+    ("target_hand_off", "target.unpacked", "target.step_start"),
+    ("target_model", "target.step_start", "target.step_end"),
+    ("target_hand_back", "target.step_end", "target.resumed"),
+    ("target_answer", "target.resumed", "target.answered"),
+    ("verify_return", "target.answered", "verify.answered"),
+    ("coordinator_unpack_verify", "verify.answered", "verify.unpacked"),
+    ("coordinator_commit", "verify.unpacked", "round.committed"),
+    ("between_rounds", "round.committed", "next.round.start"),
+]
+PROMPT_WORDS = ["def fibonacci(n):", "import numpy as np\n", "class Stack:", "The answer is", "for i in range(",
+                "SELECT * FROM", "#include <stdio.h>", "Once upon a time"]
+
+
+# ---- models ---------------------------------------------------------------------------------------------------
+
+def build_models(args, root: Path):
+    """-> (target folder, draft folder, in-process target, in-process draft): the services load the folders, the
+    one-process engine gets the same weights."""
+    if args.device == "cpu":
+        from specsplit.services.models.loader import load_model
+        from tiny_models import build_model, perturbed_copy, save_model
+
+        target = build_model("qwen2", seed=0)
+        target_dir = save_model(target, root / "target")
+        draft_dir = save_model(perturbed_copy(target, noise=0.01), root / "draft")
+        return target_dir, draft_dir, str(target_dir), str(draft_dir)
+    import bench_gpu_e2e as e2e
+
+    hf_target, hf_draft = e2e.hf_random_model(args.target, 0), e2e.hf_random_model(args.draft, 1)
+    hf_target.save_pretrained(root / "target")
+    hf_draft.save_pretrained(root / "draft")
+    target, draft = e2e.loaded_from_hf(hf_target, args.target), e2e.loaded_from_hf(hf_draft, args.draft)
+    return root / "target", root / "draft", target, draft
+
+
+def prompts(batch: int, device: str) -> list:
+    if device == "cpu":
+        return [PROMPT_WORDS[i % len(PROMPT_WORDS)] + " " * (i // len(PROMPT_WORDS)) for i in range(batch)]
+    import bench_gpu_e2e as e2e
+
+    return e2e.prompts(batch)
+
+
+# ---- one process ----------------------------------------------------------------------------------------------
+
+def in_process_rows(args, target, draft, batches, ks) -> dict:
+    from specsplit.services.coordinator.coordinator import CoordinatorConfig
+    from specsplit.services.local_engine import LocalEngine
+
+    engine = LocalEngine(target, draft, num_speculative_tokens=max(ks), dtype=args.dtype, device=args.devices[0],
+                         num_kv_blocks=args.kv_blocks, prefix_caching=False, synthetic_acceptance=args.alpha,
+                         coordinator_config=CoordinatorConfig(max_num_seqs=256, speculation="fixed", overlap="off"))
+    if args.device != "cpu" and engine.draft_runner is not None:
+        pass  # both models on the target's device in one process
+    out = {}
+    for batch in batches:
+        for k in ks:
+            _run_local(engine, args, batch, k, warm_up=True)
+    for batch in batches:
+        for k in ks:
+            runs = [_run_local(engine, args, batch, k) for _ in range(args.repeats)]
+            out[(batch, k)] = _median_run(runs)
+    return out
+
+
+def _run_local(engine, args, batch: int, k: int, warm_up: bool = False) -> dict:
+    from specsplit.services.sampling_params import SamplingParams
+
+    params = [SamplingParams(max_tokens=args.max_tokens if not warm_up else 8, ignore_eos=True,
+                             num_speculative_tokens=k, temperature=0.0, seed=i) for i in range(batch)]
+
+    async def main():
+        start = time.perf_counter()
+        results = await asyncio.gather(*(engine.generate(p, sp) for p, sp in zip(prompts(batch, args.device), params)))
+        elapsed = time.perf_counter() - start
+        await engine.coordinator.wait_idle()
+        return results, elapsed
+
+    results, elapsed = asyncio.run(main())
+    return _summary(elapsed, [(len(r.token_ids), r.stats.rounds, r.time_to_first_token, r.total_time) for r in results])
+
+
+# ---- services -------------------------------------------------------------------------------------------------
+
+def services_rows(args, mode: str, target_dir, draft_dir, batches, ks, timeline_prefix: str) -> tuple[dict, dict]:
+    from specsplit.client import Client
+    from specsplit.services.service_commands import spawn_service
+
+    env = {**os.environ, "SPECSPLIT_ROUND_TIMELINE": timeline_prefix}
+    threads = []
+    if args.device == "cpu":  # like the one process: one torch thread each
+        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        threads = ["--threads", "1"]
+    common = ["--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1", "--dtype", args.dtype,
+              "--no-prefix-caching"]
+    kv = ["--num-kv-blocks", str(args.kv_blocks)] if args.kv_blocks else []
+    synthetic = ["--synthetic-acceptance", str(args.alpha)] if args.alpha is not None else []
+    procs, out, marks = [], {}, {}
+    try:
+        target, t_addr = spawn_service(["target", "--model", str(target_dir), "--device", args.devices[0], *common, *kv,
+                                        *synthetic, *threads, "--warm-up-k", str(max(ks))], env=env)
+        procs.append(target)
+        draft, d_addr = spawn_service(["draft", "--model", str(draft_dir), "--device", args.devices[1], *common, *kv,
+                                       *threads, "--warm-up-k", str(max(ks) + 1)], env=env)
+        procs.append(draft)
+        coordinator, c_addr = spawn_service(["coordinator", "--target", t_addr, "--draft", d_addr, "-k", str(max(ks)),
+                                             "--speculation", "fixed", "--overlap", "off", "--host", "127.0.0.1", "--http-port", "-1",
+                                             "--port", "0", "--metrics-port", "-1"], env=env)
+        procs.append(coordinator)
+        with Client(c_addr, timeout=1200) as client:
+            for batch in batches:
+                for k in ks:
+                    _run_client(client, args, batch, k, warm_up=True)
+            for batch in batches:
+                for k in ks:
+                    runs = []
+                    for _ in range(args.repeats):
+                        runs.append(_run_client(client, args, batch, k))
+                        runs[-1]["window"] = (runs[-1].pop("started_ns"), runs[-1].pop("ended_ns"))
+                    median = _median_run(runs)
+                    marks[(batch, k)] = median.pop("window")
+                    for run in runs:
+                        run.pop("window", None)
+                    out[(batch, k)] = median
+    finally:
+        _stop(procs)
+    return out, marks
+
+
+def _run_client(client, args, batch: int, k: int, warm_up: bool = False) -> dict:
+    def one(i_prompt):
+        i, prompt = i_prompt
+        start = time.perf_counter()
+        first, tokens, rounds = None, 0, 0
+        for chunk in client.generate_stream(prompt, max_tokens=args.max_tokens if not warm_up else 8,
+                                            ignore_eos=True, num_speculative_tokens=k, temperature=0.0, seed=i):
+            tokens += len(chunk.token_ids)
+            if first is None and chunk.token_ids:
+                first = time.perf_counter() - start
+            if chunk.finish_reason:
+                rounds = chunk.speculation.rounds
+        return tokens, rounds, first, time.perf_counter() - start
+
+    with ThreadPoolExecutor(batch) as pool:
+        started_ns = time.monotonic_ns()
+        start = time.perf_counter()
+        results = list(pool.map(one, enumerate(prompts(batch, args.device))))
+        elapsed = time.perf_counter() - start
+        ended_ns = time.monotonic_ns()
+    return {**_summary(elapsed, results), "started_ns": started_ns, "ended_ns": ended_ns}
+
+
+def _stop(procs) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except Exception:
+            p.kill()
+
+
+def _summary(elapsed: float, results: list[tuple]) -> dict:
+    """results: (tokens, rounds, ttft s, total s) per request."""
+    tokens = sum(r[0] for r in results)
+    rounds = max(r[1] for r in results)
+    tpot = [(r[3] - r[2]) / (r[0] - 1) for r in results if r[0] > 1 and r[2] is not None]
+    return {"tokens_per_s": tokens / elapsed, "seconds": elapsed, "rounds": rounds,
+            "ms_per_round": 1e3 * elapsed / max(rounds, 1), "tokens_per_round": tokens / max(rounds, 1) / len(results),
+            "ttft_ms": 1e3 * statistics.median(r[2] for r in results if r[2] is not None),
+            "tpot_ms": 1e3 * statistics.median(tpot) if tpot else None}
+
+
+def _median_run(runs: list[dict]) -> dict:
+    runs = sorted(runs, key=lambda r: r["tokens_per_s"])
+    median = dict(runs[len(runs) // 2])
+    median["repeats_tokens_per_s"] = [round(r["tokens_per_s"], 2) for r in runs]
+    return median
+
+
+# ---- the timeline ---------------------------------------------------------------------------------------------
+
+def read_timeline(prefix: str) -> dict[str, list[tuple[str, int]]]:
+    """role -> sorted marks, from every process's file."""
+    out: dict[str, list] = {}
+    for path in glob.glob(prefix + ".*.json"):
+        record = json.loads(Path(path).read_text())
+        out.setdefault(record["role"], []).extend(tuple(m) for m in record["marks"])
+    return {role: sorted(marks, key=lambda m: m[1]) for role, marks in out.items()}
+
+
+def breakdown(timeline: dict, window: tuple[int, int]) -> dict:
+    """Median milliseconds of each stage over the rounds inside `window` (ns), and the rounds counted."""
+    start_ns, end_ns = window
+    coordinator = [m for m in timeline.get("coordinator", []) if start_ns <= m[1] <= end_ns]
+    workers = {role: [m for m in timeline.get(role, []) if start_ns <= m[1] <= end_ns] for role in ("draft", "target")}
+    starts = [i for i, (stage, _) in enumerate(coordinator) if stage == "round.start"]
+    samples: dict[str, list[float]] = {name: [] for name, _, _ in STAGES}
+    for n, i in enumerate(starts[:-1]):
+        marks = {}
+        for stage, ns in coordinator[i : starts[n + 1]]:
+            marks.setdefault(stage, ns)
+        marks["next.round.start"] = coordinator[starts[n + 1]][1]
+        for role, call in (("draft", "propose"), ("target", "verify")):
+            sent, answered = marks.get(f"{call}.built"), marks.get(f"{call}.answered")
+            if sent is None or answered is None:
+                continue
+            for stage, ns in workers[role]:
+                if sent <= ns <= answered and stage.startswith(role + "."):
+                    marks.setdefault(stage, ns)
+        if "propose.built" not in marks:  # a target-only round: its verify follows the round's start
+            marks["propose.unpacked"] = marks["round.start"]
+        for name, a, b in STAGES:
+            if a in marks and b in marks and marks[b] >= marks[a]:
+                samples[name].append((marks[b] - marks[a]) / 1e6)
+    row = {name: round(statistics.median(v), 4) for name, v in samples.items() if v}
+    row["rounds_timed"] = max(0, len(starts) - 1)
+    model = row.get("draft_model", 0.0) + row.get("target_model", 0.0)
+    row["model_ms"] = round(model, 4)
+    row["stages_sum_ms"] = round(sum(v for k, v in row.items() if k in samples), 4)
+    return row
+
+
+# ---- main -----------------------------------------------------------------------------------------------------
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--target", default="7b")
+    parser.add_argument("--draft", default="0.5b")
+    parser.add_argument("--devices", default=None, help="target's device, draft's device (GPU: cuda:0,cuda:1)")
+    parser.add_argument("--batches", default="1,8,32")
+    parser.add_argument("--ks", default="0,4")
+    parser.add_argument("--alpha", type=float, default=None, help="GPU: synthetic acceptance (NOT lossless)")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--modes", default="in_process,split")
+    parser.add_argument("--kv-blocks", type=int, default=None)
+    parser.add_argument("--label", default="", help="names this code's rows (e.g. before / after)")
+    parser.add_argument("--name", default="split_breakdown_cpu")
+    args = parser.parse_args()
+    args.dtype = "float32" if args.device == "cpu" else "bfloat16"
+    args.devices = (args.devices or ("cpu,cpu" if args.device == "cpu" else "cuda:0,cuda:1")).split(",")
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+        args.kv_blocks = args.kv_blocks or 4096
+    else:
+        os.environ.setdefault("SPECSPLIT_BENCH_DEVICE", "cuda")
+    batches = [int(b) for b in args.batches.split(",")]
+    ks = [int(k) for k in args.ks.split(",")]
+    modes = args.modes.split(",")
+    root = Path(tempfile.mkdtemp())
+    target_dir, draft_dir, target, draft = build_models(args, root)
+    rows = []
+    local = in_process_rows(args, target, draft, batches, ks) if "in_process" in modes else {}
+    for (batch, k), run in local.items():
+        rows.append({"label": args.label, "mode": "in_process", "batch": batch, "k": k, **run})
+    for mode in [m for m in modes if m != "in_process"]:
+        prefix = str(root / f"timeline_{mode}")
+        measured, windows = services_rows(args, mode, target_dir, draft_dir, batches, ks, prefix)
+        timeline = read_timeline(prefix)
+        for (batch, k), run in measured.items():
+            row = {"label": args.label, "mode": mode, "batch": batch, "k": k, **run}
+            if (batch, k) in local:
+                reference = local[(batch, k)]
+                row["vs_in_process"] = run["tokens_per_s"] / reference["tokens_per_s"]
+                row["extra_ms_per_round"] = run["ms_per_round"] - reference["ms_per_round"]
+                row["ttft_vs_in_process"] = run["ttft_ms"] / reference["ttft_ms"]
+                if run["tpot_ms"] and reference["tpot_ms"]:
+                    row["tpot_vs_in_process"] = run["tpot_ms"] / reference["tpot_ms"]
+            row["breakdown_ms"] = breakdown(timeline, windows[(batch, k)])
+            rows.append(row)
+    print_table(rows, ["label", "mode", "batch", "k", "tokens_per_s", "ms_per_round", "tokens_per_round",
+                       "extra_ms_per_round", "vs_in_process", "ttft_ms", "tpot_ms"])
+    for row in rows:
+        if "breakdown_ms" in row:
+            print(row["label"], row["mode"], row["batch"], row["k"], json.dumps(row["breakdown_ms"]))
+    path = write_results(args.name, rows, {
+        "models": (f"tiny random-weight qwen2 pair (close draft), float32, CPU, one torch thread per process"
+                   if args.device == "cpu" else f"random-weight Qwen2.5 {args.target} target on {args.devices[0]}, "
+                   f"{args.draft} draft on {args.devices[1]} (one process: both on {args.devices[0]}), bf16"),
+        "acceptance": "synthetic (NOT lossless)" if args.alpha is not None else "real (greedy)",
+        "alpha": args.alpha, "max_tokens": args.max_tokens, "repeats": args.repeats,
+        "load_average": open("/proc/loadavg").read().split()[:3],
+    })
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
