@@ -44,10 +44,12 @@ class DraftPrefillItem(_message.Message):
     def __init__(self, handle: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[WorkerSampling, _Mapping]] = ...) -> None: ...
 
 class DraftPrefillRequest(_message.Message):
-    __slots__ = ("items",)
+    __slots__ = ("items", "traceparents")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENTS_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[DraftPrefillItem]
-    def __init__(self, items: _Optional[_Iterable[_Union[DraftPrefillItem, _Mapping]]] = ...) -> None: ...
+    traceparents: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, items: _Optional[_Iterable[_Union[DraftPrefillItem, _Mapping]]] = ..., traceparents: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DraftPrefillResponse(_message.Message):
     __slots__ = ("results",)
@@ -63,45 +65,47 @@ class DraftPrefillResult(_message.Message):
     num_cached: int
     def __init__(self, status: _Optional[_Union[ItemStatus, _Mapping]] = ..., num_cached: _Optional[int] = ...) -> None: ...
 
-class ProposeItem(_message.Message):
-    __slots__ = ("handle", "cached_len", "delta", "k")
-    HANDLE_FIELD_NUMBER: _ClassVar[int]
-    CACHED_LEN_FIELD_NUMBER: _ClassVar[int]
-    DELTA_FIELD_NUMBER: _ClassVar[int]
-    K_FIELD_NUMBER: _ClassVar[int]
-    handle: str
-    cached_len: int
-    delta: _containers.RepeatedScalarFieldContainer[int]
-    k: int
-    def __init__(self, handle: _Optional[str] = ..., cached_len: _Optional[int] = ..., delta: _Optional[_Iterable[int]] = ..., k: _Optional[int] = ...) -> None: ...
-
 class ProposeRequest(_message.Message):
-    __slots__ = ("items",)
-    ITEMS_FIELD_NUMBER: _ClassVar[int]
-    items: _containers.RepeatedCompositeFieldContainer[ProposeItem]
-    def __init__(self, items: _Optional[_Iterable[_Union[ProposeItem, _Mapping]]] = ...) -> None: ...
+    __slots__ = ("handles", "cached_lens", "delta_lens", "delta_token_ids", "ks", "traceparents")
+    HANDLES_FIELD_NUMBER: _ClassVar[int]
+    CACHED_LENS_FIELD_NUMBER: _ClassVar[int]
+    DELTA_LENS_FIELD_NUMBER: _ClassVar[int]
+    DELTA_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    KS_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENTS_FIELD_NUMBER: _ClassVar[int]
+    handles: _containers.RepeatedScalarFieldContainer[str]
+    cached_lens: _containers.RepeatedScalarFieldContainer[int]
+    delta_lens: _containers.RepeatedScalarFieldContainer[int]
+    delta_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    ks: _containers.RepeatedScalarFieldContainer[int]
+    traceparents: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, handles: _Optional[_Iterable[str]] = ..., cached_lens: _Optional[_Iterable[int]] = ..., delta_lens: _Optional[_Iterable[int]] = ..., delta_token_ids: _Optional[_Iterable[int]] = ..., ks: _Optional[_Iterable[int]] = ..., traceparents: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ItemError(_message.Message):
+    __slots__ = ("index", "status")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    status: ItemStatus
+    def __init__(self, index: _Optional[int] = ..., status: _Optional[_Union[ItemStatus, _Mapping]] = ...) -> None: ...
 
 class ProposeResponse(_message.Message):
-    __slots__ = ("results",)
-    RESULTS_FIELD_NUMBER: _ClassVar[int]
-    results: _containers.RepeatedCompositeFieldContainer[Proposal]
-    def __init__(self, results: _Optional[_Iterable[_Union[Proposal, _Mapping]]] = ...) -> None: ...
-
-class Proposal(_message.Message):
-    __slots__ = ("status", "token_ids", "support", "q_token_ids", "q_probs", "num_cached")
-    STATUS_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("errors", "counts", "token_ids", "supports", "q_token_ids", "q_probs", "num_cached")
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    SUPPORT_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTS_FIELD_NUMBER: _ClassVar[int]
     Q_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     Q_PROBS_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_FIELD_NUMBER: _ClassVar[int]
-    status: ItemStatus
+    errors: _containers.RepeatedCompositeFieldContainer[ItemError]
+    counts: _containers.RepeatedScalarFieldContainer[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
-    support: int
+    supports: _containers.RepeatedScalarFieldContainer[int]
     q_token_ids: bytes
     q_probs: bytes
-    num_cached: int
-    def __init__(self, status: _Optional[_Union[ItemStatus, _Mapping]] = ..., token_ids: _Optional[_Iterable[int]] = ..., support: _Optional[int] = ..., q_token_ids: _Optional[bytes] = ..., q_probs: _Optional[bytes] = ..., num_cached: _Optional[int] = ...) -> None: ...
+    num_cached: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, errors: _Optional[_Iterable[_Union[ItemError, _Mapping]]] = ..., counts: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., supports: _Optional[_Iterable[int]] = ..., q_token_ids: _Optional[bytes] = ..., q_probs: _Optional[bytes] = ..., num_cached: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TargetPrefillItem(_message.Message):
     __slots__ = ("handle", "token_ids", "sampling", "logprobs")
@@ -116,60 +120,58 @@ class TargetPrefillItem(_message.Message):
     def __init__(self, handle: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[WorkerSampling, _Mapping]] = ..., logprobs: _Optional[int] = ...) -> None: ...
 
 class TargetPrefillRequest(_message.Message):
-    __slots__ = ("items",)
+    __slots__ = ("items", "traceparents")
     ITEMS_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENTS_FIELD_NUMBER: _ClassVar[int]
     items: _containers.RepeatedCompositeFieldContainer[TargetPrefillItem]
-    def __init__(self, items: _Optional[_Iterable[_Union[TargetPrefillItem, _Mapping]]] = ...) -> None: ...
+    traceparents: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, items: _Optional[_Iterable[_Union[TargetPrefillItem, _Mapping]]] = ..., traceparents: _Optional[_Iterable[str]] = ...) -> None: ...
 
-class VerifyItem(_message.Message):
-    __slots__ = ("handle", "cached_len", "delta", "draft_token_ids", "support", "q_token_ids", "q_probs", "logprobs", "bonus_guess")
-    HANDLE_FIELD_NUMBER: _ClassVar[int]
-    CACHED_LEN_FIELD_NUMBER: _ClassVar[int]
-    DELTA_FIELD_NUMBER: _ClassVar[int]
+class VerifyRequest(_message.Message):
+    __slots__ = ("handles", "cached_lens", "delta_lens", "delta_token_ids", "draft_counts", "draft_token_ids", "supports", "q_token_ids", "q_probs", "logprobs", "bonus_guesses", "traceparents")
+    HANDLES_FIELD_NUMBER: _ClassVar[int]
+    CACHED_LENS_FIELD_NUMBER: _ClassVar[int]
+    DELTA_LENS_FIELD_NUMBER: _ClassVar[int]
+    DELTA_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_COUNTS_FIELD_NUMBER: _ClassVar[int]
     DRAFT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    SUPPORT_FIELD_NUMBER: _ClassVar[int]
+    SUPPORTS_FIELD_NUMBER: _ClassVar[int]
     Q_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     Q_PROBS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
-    BONUS_GUESS_FIELD_NUMBER: _ClassVar[int]
-    handle: str
-    cached_len: int
-    delta: _containers.RepeatedScalarFieldContainer[int]
+    BONUS_GUESSES_FIELD_NUMBER: _ClassVar[int]
+    TRACEPARENTS_FIELD_NUMBER: _ClassVar[int]
+    handles: _containers.RepeatedScalarFieldContainer[str]
+    cached_lens: _containers.RepeatedScalarFieldContainer[int]
+    delta_lens: _containers.RepeatedScalarFieldContainer[int]
+    delta_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    draft_counts: _containers.RepeatedScalarFieldContainer[int]
     draft_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    support: int
+    supports: _containers.RepeatedScalarFieldContainer[int]
     q_token_ids: bytes
     q_probs: bytes
-    logprobs: int
-    bonus_guess: int
-    def __init__(self, handle: _Optional[str] = ..., cached_len: _Optional[int] = ..., delta: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., support: _Optional[int] = ..., q_token_ids: _Optional[bytes] = ..., q_probs: _Optional[bytes] = ..., logprobs: _Optional[int] = ..., bonus_guess: _Optional[int] = ...) -> None: ...
-
-class VerifyRequest(_message.Message):
-    __slots__ = ("items",)
-    ITEMS_FIELD_NUMBER: _ClassVar[int]
-    items: _containers.RepeatedCompositeFieldContainer[VerifyItem]
-    def __init__(self, items: _Optional[_Iterable[_Union[VerifyItem, _Mapping]]] = ...) -> None: ...
+    logprobs: _containers.RepeatedScalarFieldContainer[int]
+    bonus_guesses: _containers.RepeatedScalarFieldContainer[int]
+    traceparents: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, handles: _Optional[_Iterable[str]] = ..., cached_lens: _Optional[_Iterable[int]] = ..., delta_lens: _Optional[_Iterable[int]] = ..., delta_token_ids: _Optional[_Iterable[int]] = ..., draft_counts: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., supports: _Optional[_Iterable[int]] = ..., q_token_ids: _Optional[bytes] = ..., q_probs: _Optional[bytes] = ..., logprobs: _Optional[_Iterable[int]] = ..., bonus_guesses: _Optional[_Iterable[int]] = ..., traceparents: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
-    __slots__ = ("results",)
-    RESULTS_FIELD_NUMBER: _ClassVar[int]
-    results: _containers.RepeatedCompositeFieldContainer[Verdict]
-    def __init__(self, results: _Optional[_Iterable[_Union[Verdict, _Mapping]]] = ...) -> None: ...
-
-class Verdict(_message.Message):
-    __slots__ = ("status", "num_accepted", "token_ids", "logprobs", "num_cached", "acceptance_method")
-    STATUS_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("errors", "num_accepted", "counts", "token_ids", "num_cached", "logprobs", "acceptance_methods")
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
     NUM_ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
-    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_FIELD_NUMBER: _ClassVar[int]
-    ACCEPTANCE_METHOD_FIELD_NUMBER: _ClassVar[int]
-    status: ItemStatus
-    num_accepted: int
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTANCE_METHODS_FIELD_NUMBER: _ClassVar[int]
+    errors: _containers.RepeatedCompositeFieldContainer[ItemError]
+    num_accepted: _containers.RepeatedScalarFieldContainer[int]
+    counts: _containers.RepeatedScalarFieldContainer[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
+    num_cached: _containers.RepeatedScalarFieldContainer[int]
     logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]
-    num_cached: int
-    acceptance_method: _common_pb2.AcceptanceMethod
-    def __init__(self, status: _Optional[_Union[ItemStatus, _Mapping]] = ..., num_accepted: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ..., num_cached: _Optional[int] = ..., acceptance_method: _Optional[_Union[_common_pb2.AcceptanceMethod, str]] = ...) -> None: ...
+    acceptance_methods: _containers.RepeatedScalarFieldContainer[_common_pb2.AcceptanceMethod]
+    def __init__(self, errors: _Optional[_Iterable[_Union[ItemError, _Mapping]]] = ..., num_accepted: _Optional[_Iterable[int]] = ..., counts: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., num_cached: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprob, _Mapping]]] = ..., acceptance_methods: _Optional[_Iterable[_Union[_common_pb2.AcceptanceMethod, str]]] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("handles",)
@@ -188,7 +190,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("role", "model", "vocab_size", "max_model_len", "kv_blocks_total", "kv_blocks_used", "block_size", "sequences", "queue_depth", "eos_token_ids", "model_path", "sequences_prefilled", "proposer")
+    __slots__ = ("role", "model", "vocab_size", "max_model_len", "kv_blocks_total", "kv_blocks_used", "block_size", "sequences", "queue_depth", "eos_token_ids", "model_path", "sequences_prefilled", "proposer", "tensor_parallel_size", "batch_invariant")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -202,6 +204,8 @@ class WorkerInfo(_message.Message):
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
     SEQUENCES_PREFILLED_FIELD_NUMBER: _ClassVar[int]
     PROPOSER_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_INVARIANT_FIELD_NUMBER: _ClassVar[int]
     role: str
     model: str
     vocab_size: int
@@ -215,4 +219,6 @@ class WorkerInfo(_message.Message):
     model_path: str
     sequences_prefilled: int
     proposer: str
-    def __init__(self, role: _Optional[str] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., block_size: _Optional[int] = ..., sequences: _Optional[int] = ..., queue_depth: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., model_path: _Optional[str] = ..., sequences_prefilled: _Optional[int] = ..., proposer: _Optional[str] = ...) -> None: ...
+    tensor_parallel_size: int
+    batch_invariant: bool
+    def __init__(self, role: _Optional[str] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., block_size: _Optional[int] = ..., sequences: _Optional[int] = ..., queue_depth: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., model_path: _Optional[str] = ..., sequences_prefilled: _Optional[int] = ..., proposer: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ..., batch_invariant: _Optional[bool] = ...) -> None: ...

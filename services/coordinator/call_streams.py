@@ -16,27 +16,26 @@ from specsplit.services.errors import Unavailable
 
 
 class CallStream:
-    def __init__(self, open_stream, timeout: float):
+    def __init__(self, open_stream):
         self._open_stream = open_stream  # () -> a grpc.aio StreamStreamCall
-        self._timeout = timeout
         self._call = None
         self._lock = asyncio.Lock()
         self.unsupported = False
 
     async def request(self, message):
+        """Send `message`, return the stream's next response. No deadline of its own: the caller bounds the exchange
+        (a cancelled exchange resets the stream), so a round pays one timer, not one per await."""
         async with self._lock:
             if self._call is None or self._call.done():  # never opened, or ended since the last round
                 self._call = self._open_stream()
             call = self._call
             try:
-                await asyncio.wait_for(call.write(message), self._timeout)
-                response = await asyncio.wait_for(call.read(), self._timeout)
+                await call.write(message)
+                response = await call.read()
             except BaseException as error:  # a broken or abandoned exchange: the next request opens a new stream
                 self._reset(call)
                 if isinstance(error, grpc.RpcError) and error.code() == grpc.StatusCode.UNIMPLEMENTED:
                     self.unsupported = True
-                if isinstance(error, asyncio.TimeoutError):
-                    raise Unavailable(f"no answer on the worker stream within {self._timeout:.0f} s") from None
                 if isinstance(error, (asyncio.InvalidStateError, grpc.aio.UsageError)):
                     raise Unavailable(f"the worker stream ended: {error}") from None
                 raise

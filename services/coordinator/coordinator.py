@@ -67,7 +67,7 @@ class Coordinator:
         self.running: list[SequenceState] = []
         self._loop_task: asyncio.Task | None = None
         self._bound_loop = None
-        self.observers = []  # callables(sequence, event_name) for metrics and canary statistics
+        self.observers = []  # callables(event, records) for metrics and canary statistics, called once per batch
         self.telemetry = CoordinatorTelemetry(self)  # request spans and worker-call timings
         if self.config.speculation not in SPECULATION_MODES:
             raise ValueError(f"speculation must be one of {', '.join(SPECULATION_MODES)}, not {self.config.speculation!r}")
@@ -252,6 +252,7 @@ class Coordinator:
             self._call(client, "prefill", [TargetPrefill(s.handle, list(s.committed), s.sampling, s.request.params.logprobs) for s in group], group)
             for client, group in _group(ready, lambda s: s.target)
         ]
+        prefilled, rounds = [], []
         for group_results in await asyncio.gather(*calls):
             for sequence, verdict in group_results:
                 if sequence.finished:
@@ -264,7 +265,9 @@ class Coordinator:
                 sequence.target_lost_since = None
                 sequence.target_cached = verdict.num_cached
                 sequence.acceptance_method = verdict.acceptance_method or sequence.acceptance_method
-                self._commit(sequence, verdict, num_draft=0 if resumed else None)
+                self._commit(sequence, verdict, 0 if resumed else None, rounds if resumed else prefilled)
+        self._notify("prefill", prefilled)
+        self._notify("round", rounds)
 
     async def _attach_drafts(self, sequences: list[SequenceState]) -> None:
         """Give sequences a draft replica of their variant and run their committed tokens into its KV. Without a
@@ -350,6 +353,7 @@ class Coordinator:
             verify_calls, ahead_calls)
         verified = time.perf_counter()
         pre_proposals = {s: p for group_results in ahead_results for s, p in group_results}
+        records = []
         for group_results in verify_results:
             for sequence, verdict in group_results:
                 if sequence.finished:
@@ -367,9 +371,10 @@ class Coordinator:
                         self.policy.record_acceptance(sequence.acceptance, sequence.draft_variant,
                                                       len(proposal.token_ids), verdict.num_accepted)
                 sequence.target_cached = verdict.num_cached
-                self._commit(sequence, verdict, num_draft=len(proposal.token_ids) if proposal else 0)
+                self._commit(sequence, verdict, len(proposal.token_ids) if proposal else 0, records)
                 if guess is not None and verdict.num_accepted == len(proposal.token_ids):
                     self._keep_pre_proposal(sequence, verdict, guess, committed_len, pre_proposals.get(sequence))
+        self._notify("round", records)
         for sequence, pre_proposal in pre_proposals.items():
             if isinstance(pre_proposal, Exception) and not sequence.finished:
                 self._on_draft_error(sequence, pre_proposal)
@@ -536,7 +541,8 @@ class Coordinator:
 
     # ---- commit, finish, release ------------------------------------------------------------------------------
 
-    def _commit(self, sequence: SequenceState, verdict, num_draft: int | None) -> None:
+    def _commit(self, sequence: SequenceState, verdict, num_draft: int | None, records: list) -> None:
+        """Commit the verdict's tokens; `records` collects what the observers hear of it, once per batch."""
         kept, text = sequence.stop.add(verdict.token_ids)
         sequence.committed.extend(kept)
         if num_draft is not None:
@@ -549,12 +555,20 @@ class Coordinator:
             sequence.logprobs.extend(logprobs)
         if sequence.first_token_at is None:
             sequence.first_token_at = time.perf_counter()
-        for observer in self.observers:
-            observer(sequence, "round" if num_draft is not None else "prefill")
+        if num_draft is not None:
+            records.append((sequence, num_draft, verdict.num_accepted if num_draft > 0 else 0))
+        else:
+            records.append(sequence)
         if kept or text:
             sequence.events.put_nowait(TokenEvent(kept, text, logprobs))
         if sequence.stop.finish_reason:
             self._finish(sequence, sequence.stop.finish_reason)
+
+    def _notify(self, event: str, records: list) -> None:
+        """Observers (metrics, canary statistics) hear of a whole batch at once: nothing per sequence on the loop."""
+        if records:
+            for observer in self.observers:
+                observer(event, records)
 
     def _finish(self, sequence: SequenceState, reason: str) -> None:
         sequence.finished = True
@@ -575,8 +589,7 @@ class Coordinator:
             preemptions=sequence.preemptions,
             acceptance_method=sequence.acceptance_method,
         )
-        for observer in self.observers:
-            observer(sequence, "finish")
+        self._notify("finish", [sequence])
         self.telemetry.request_ended(sequence)
         sequence.events.put_nowait(result)
 
@@ -586,8 +599,7 @@ class Coordinator:
         sequence.finished = True
         sequence.finish_reason = "error"
         sequence.error = error
-        for observer in self.observers:
-            observer(sequence, "error")
+        self._notify("error", [sequence])
         self.telemetry.request_ended(sequence)
         sequence.events.put_nowait(error)
 

@@ -13,7 +13,7 @@ from specsplit.services.rpc.server import MAX_MESSAGE_BYTES
 from specsplit.services.rpc.status_codes import error_from_rpc
 from specsplit.services.rpc.worker_credentials import worker_call_metadata
 from specsplit.services.telemetry import round_timeline
-from specsplit.services.telemetry.trace_propagation import outgoing_metadata
+from specsplit.services.telemetry.trace_propagation import outgoing_traceparents
 
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -48,8 +48,8 @@ class _GrpcWorkerClient:
     stream_method = ""  # the round's call (Propose or Verify), also served over a long-lived stream
 
     def __init__(self, address: str, call_timeout: float = 60.0, security=None, transport: str = "stream"):
-        """`transport`: how the round's call travels: "stream" (one long-lived bidirectional stream, call_streams.py;
-        unary while tracing, whose per-item contexts travel in call metadata) or "unary" (a call per round)."""
+        """`transport`: how the round's call travels: "stream" (one long-lived bidirectional stream,
+        call_streams.py) or "unary" (a call per round). Trace contexts travel inside the messages either way."""
         if transport not in WORKER_TRANSPORTS:
             raise ValueError(f"transport must be one of {', '.join(WORKER_TRANSPORTS)}, not {transport!r}")
         self.name = address
@@ -67,7 +67,7 @@ class _GrpcWorkerClient:
         if transport == "stream":
             open_stream = getattr(self.stub, self.stream_method + "Stream")
             # The stream carries what every call does: the worker secret and this coordinator's id.
-            self.stream = CallStream(lambda: open_stream(metadata=self._metadata), call_timeout)
+            self.stream = CallStream(lambda: open_stream(metadata=self._metadata))
 
     @property
     def vocab_size(self) -> int:
@@ -108,13 +108,14 @@ class _GrpcWorkerClient:
 
     async def _call(self, method, request):
         try:
-            return await method(request, timeout=self.call_timeout, metadata=self._metadata + (outgoing_metadata() or ()))
+            return await method(request, timeout=self.call_timeout, metadata=self._metadata)
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
 
     async def _round_call(self, request):
-        """The round's call: over the stream when there is one (and no trace context must travel), else unary."""
-        if self.stream is None or self.stream.unsupported or outgoing_metadata() is not None:
+        """The round's call: over the stream when there is one, else unary. The caller bounds its time (the
+        coordinator's per-replica deadline, replica_health.py)."""
+        if self.stream is None or self.stream.unsupported:
             return await self._call(getattr(self.stub, self.stream_method), request)
         try:
             return await self.stream.request(request)
@@ -135,10 +136,10 @@ class GrpcDraftClient(_GrpcWorkerClient):
     stream_method = "Propose"
 
     async def prefill(self, items):
-        return msg.draft_prefill_results(await self._call(self.stub.Prefill, msg.draft_prefill_request(items)))
+        return msg.draft_prefill_results(await self._call(self.stub.Prefill, msg.draft_prefill_request(items, outgoing_traceparents())))
 
     async def propose(self, items):
-        request = msg.propose_request(items)
+        request = msg.propose_request(items, outgoing_traceparents())
         round_timeline.mark("propose.built")
         response = await self._round_call(request)
         round_timeline.mark("propose.answered")
@@ -153,11 +154,11 @@ class GrpcTargetClient(_GrpcWorkerClient):
     stream_method = "Verify"
 
     async def prefill(self, items):
-        response = await self._call(self.stub.Prefill, msg.target_prefill_request(items))
+        response = await self._call(self.stub.Prefill, msg.target_prefill_request(items, outgoing_traceparents()))
         return msg.verdicts(response, [i.logprobs is not None for i in items])
 
     async def verify(self, items):
-        request = msg.verify_request(items)
+        request = msg.verify_request(items, outgoing_traceparents())
         round_timeline.mark("verify.built")
         response = await self._round_call(request)
         round_timeline.mark("verify.answered")

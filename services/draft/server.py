@@ -4,8 +4,11 @@ The proposer is a draft model (proposer.py) or the n-gram proposer (ngram_propos
 same calls, and Describe says which kind serves (`proposer`), so the coordinator's metrics can tell them apart.
 """
 
+import grpc
+
 from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
 from specsplit.services.draft.proposer import DraftProposer
+from specsplit.services.errors import InvalidArgument
 from specsplit.services.rpc import worker_messages as msg
 from specsplit.services.rpc.invalid_items import valid_items_only
 from specsplit.services.rpc.worker_credentials import bind_handles, caller_owner, owned_handles
@@ -33,22 +36,32 @@ class DraftService(worker_pb2_grpc.DraftWorkerServicer):
         self.telemetry.watch(self.batcher)
 
     async def Prefill(self, request, context):
-        items = self.telemetry.received(bind_handles(msg.draft_prefill_items(request), caller_owner(context)), context)
+        items = bind_handles(msg.draft_prefill_items(request), caller_owner(context))
+        self.telemetry.received(items, request.traceparents)
         return msg.draft_prefill_response(await self.batcher.submit("prefill", items))
 
     async def Propose(self, request, context):
+        return await self._propose_call(request, caller_owner(context), context)
+
+    async def ProposeStream(self, requests, context):
+        """The round's proposals over one long-lived stream; each request answered in order."""
+        owner = caller_owner(context)
+        async for request in requests:
+            yield await self._propose_call(request, owner, context)
+
+    async def _propose_call(self, request, owner, context):
         round_timeline.mark("draft.received")
-        items = self.telemetry.received(bind_handles(msg.propose_items(request), caller_owner(context)), context)
+        try:
+            items = bind_handles(msg.propose_items(request), owner)
+        except InvalidArgument as error:  # columns that do not line up: the caller's bug, this call alone fails
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        self.telemetry.received(items, request.traceparents)
         round_timeline.mark("draft.unpacked")
-        results = await self.batcher.submit("propose", items)
+        results = await self.batcher.submit("propose", items, caller=owner)
         round_timeline.mark("draft.resumed")
         response = msg.propose_response(results)
         round_timeline.mark("draft.answered")
         return response
-
-    async def ProposeStream(self, requests, context):
-        async for request in requests:  # one at a time: responses keep the requests' order
-            yield await self.Propose(request, context)
 
     async def Release(self, request, context):
         released = await self.batcher.submit("release", owned_handles(request.handles, caller_owner(context)))

@@ -1,13 +1,18 @@
-"""One compute thread per worker: concurrent RPCs of the same kind merge into one batch.
+"""How a worker runs its steps: inline for a lone caller, else on one compute thread that merges concurrent calls.
 
-gRPC handlers run on the event loop; model work runs here, off the loop, so the server keeps accepting calls while
-the device computes. Every call queued while a step runs joins the next step of its kind (several coordinators'
-propose calls become one forward). All KV state changes happen on this thread, so none need locks.
+gRPC handlers run on the event loop. A round's call from the only coordinator a worker serves, arriving while the
+worker is idle, runs its step right there on the loop's thread: handing it to another thread and back costs two
+thread wake-ups (tens to hundreds of microseconds) per call, which is most of what a round's hop costs beyond the
+wire. Calls from several coordinators, prefills (which can be long) and everything arriving while a step runs go to
+the compute thread instead, where every call queued while a step runs joins the next step of its kind (several
+coordinators' propose calls become one forward). One step runs at a time, inline or on the thread, so KV state
+changes need no locks.
 """
 
 import asyncio
 import logging
 import threading
+import time
 from collections import deque
 from typing import Callable
 
@@ -15,17 +20,25 @@ from specsplit.services.telemetry import round_timeline
 
 log = logging.getLogger(__name__)
 
+INLINE_KINDS = ("propose", "verify")  # a round's calls; prefills may take long and go to the thread
+LONE_CALLER_SECONDS = 1.0            # a caller is alone when no other called within this long
+
 
 class StepBatcher:
-    def __init__(self, handlers: dict[str, Callable[[list], list]], name: str = "worker"):
+    def __init__(self, handlers: dict[str, Callable[[list], list]], name: str = "worker", inline: bool = True):
+        """`inline`: allow a lone caller's round calls to run on the calling thread (see the module docstring)."""
         self._handlers = handlers
+        self._name = name
+        self._inline = inline
         self._pending: deque = deque()
         self._cond = threading.Condition()
+        self._busy = False                 # a step is running, inline or on the compute thread
         self._stopped = False
-        self._name = name
+        self._callers: dict[str, float] = {}  # caller -> when it last called
         self._thread = threading.Thread(target=self._loop, name=f"{name}-compute", daemon=True)
         self._thread.start()
         self.steps = 0
+        self.inline_steps = 0
 
     @property
     def queue_depth(self) -> int:
@@ -33,7 +46,16 @@ class StepBatcher:
         with self._cond:
             return sum(len(items) for _, items, _, _ in self._pending)
 
-    async def submit(self, kind: str, items: list) -> list:
+    async def submit(self, kind: str, items: list, caller: str | None = None) -> list:
+        """The step's results for `items` (a list, one per item, or one value for the call). `caller` names who
+        asks (a coordinator's id): a lone caller's round calls may run inline."""
+        if self._try_inline(kind, caller):
+            try:
+                return self._run(kind, items)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self._cond:
@@ -46,15 +68,46 @@ class StepBatcher:
             self._stopped = True
             self._cond.notify()
 
+    def _try_inline(self, kind: str, caller: str | None) -> bool:
+        """Claim the worker for an inline step: a round call of the only recent caller, nothing queued or running."""
+        if caller is None:
+            return False
+        now = time.monotonic()
+        with self._cond:
+            self._callers[caller] = now
+            if not self._inline or kind not in INLINE_KINDS or self._busy or self._pending or self._stopped:
+                return False
+            if len(self._callers) > 1:
+                for other, last in list(self._callers.items()):
+                    if other != caller and now - last > LONE_CALLER_SECONDS:
+                        del self._callers[other]
+                if len(self._callers) > 1:
+                    return False
+            self._busy = True
+            self.inline_steps += 1
+            return True
+
+    def _run(self, kind: str, items: list):
+        round_timeline.mark(f"{self._name}.step_start")
+        try:
+            results = self._handlers[kind](items)
+        except Exception as error:  # a failed step fails its calls, not the worker
+            log.exception("%s step failed", kind)
+            results = [error] * len(items)
+        self.steps += 1
+        round_timeline.mark(f"{self._name}.step_end")
+        return results
+
     def _take_batch(self):
         with self._cond:
-            while not self._pending and not self._stopped:
+            while (not self._pending or self._busy) and not self._stopped:
                 self._cond.wait()
             if self._stopped:
                 return None, []
             kind = self._pending[0][0]
             calls = [call for call in self._pending if call[0] == kind]
             self._pending = deque(call for call in self._pending if call[0] != kind)
+            self._busy = True
             return kind, calls
 
     def _loop(self) -> None:
@@ -63,14 +116,11 @@ class StepBatcher:
             if kind is None:
                 return
             merged = [item for _, items, _, _ in calls for item in items]
-            round_timeline.mark(f"{self._name}.step_start")
             try:
-                results = self._handlers[kind](merged)
-            except Exception as error:  # a failed step fails its calls, not the worker
-                log.exception("%s step failed", kind)
-                results = [error] * len(merged)
-            self.steps += 1
-            round_timeline.mark(f"{self._name}.step_end")
+                results = self._run(kind, merged)
+            finally:
+                with self._cond:
+                    self._busy = False
             start = 0
             for _, items, future, loop in calls:
                 part = results[start : start + len(items)] if isinstance(results, list) else results

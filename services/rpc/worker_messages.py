@@ -94,9 +94,10 @@ def _optional(m, name):
 
 # ---- draft ----------------------------------------------------------------------------------------------------
 
-def draft_prefill_request(items: list[DraftPrefill]) -> worker_pb2.DraftPrefillRequest:
+def draft_prefill_request(items: list[DraftPrefill], traceparents: list[str] | None = None) -> worker_pb2.DraftPrefillRequest:
     return worker_pb2.DraftPrefillRequest(
-        items=[worker_pb2.DraftPrefillItem(handle=i.handle, token_ids=i.token_ids, sampling=sampling_pb(i.sampling)) for i in items]
+        items=[worker_pb2.DraftPrefillItem(handle=i.handle, token_ids=i.token_ids, sampling=sampling_pb(i.sampling)) for i in items],
+        traceparents=traceparents or (),
     )
 
 
@@ -119,62 +120,111 @@ def draft_prefill_results(response: worker_pb2.DraftPrefillResponse) -> list:
     return [r.num_cached if r.status.code == 0 else error_from_status(r.status.code, r.status.message) for r in response.results]
 
 
-def propose_request(items: list[ProposeItem]) -> worker_pb2.ProposeRequest:
+def propose_request(items: list[ProposeItem], traceparents: list[str] | None = None) -> worker_pb2.ProposeRequest:
+    """One message for the whole batch, a column per field."""
     return worker_pb2.ProposeRequest(
-        items=[worker_pb2.ProposeItem(handle=i.handle, cached_len=i.cached_len, delta=i.delta, k=i.k) for i in items]
+        handles=[i.handle for i in items], cached_lens=[i.cached_len for i in items],
+        delta_lens=[len(i.delta) for i in items], delta_token_ids=[t for i in items for t in i.delta],
+        ks=[i.k for i in items], traceparents=traceparents or (),
     )
 
 
 def propose_items(request: worker_pb2.ProposeRequest) -> list:
-    return _checked(lambda i: ProposeItem(i.handle, i.cached_len, list(i.delta), i.k), request.items)
+    """Items in request order; one that fails its checks becomes its InvalidArgument in place. Columns that do not
+    line up make the whole request invalid (InvalidArgument raised)."""
+    handles = list(request.handles)
+    _same_length(len(handles), cached_lens=request.cached_lens, delta_lens=request.delta_lens, ks=request.ks)
+    deltas = _split(list(request.delta_token_ids), list(request.delta_lens), "delta_token_ids")
+    return _checked_columns(handles, lambda i: ProposeItem(handles[i], request.cached_lens[i], deltas[i], request.ks[i]))
 
 
 def propose_response(results: list) -> worker_pb2.ProposeResponse:
-    out = []
-    for r in results:
+    errors, counts, supports, cached, tokens, ids, probs = [], [], [], [], [], [], []
+    for index, r in enumerate(results):
         if isinstance(r, Exception):
-            out.append(worker_pb2.Proposal(status=status_pb(r)))
+            errors.append(worker_pb2.ItemError(index=index, status=status_pb(r)))
+            counts.append(0), supports.append(1), cached.append(0)
             continue
-        support = r.q_token_ids.shape[1] if r.token_ids else 1
-        out.append(
-            worker_pb2.Proposal(
-                status=OK,
-                token_ids=r.token_ids,
-                support=support,
-                q_token_ids=pack_ids(r.q_token_ids),
-                q_probs=pack_probs(r.q_probs),
-                num_cached=r.num_cached,
-            )
-        )
-    return worker_pb2.ProposeResponse(results=out)
+        counts.append(len(r.token_ids))
+        tokens += r.token_ids
+        cached.append(r.num_cached)
+        if r.token_ids:
+            supports.append(r.q_token_ids.shape[1])
+            ids.append(r.q_token_ids.reshape(-1))
+            probs.append(r.q_probs.reshape(-1))
+        else:
+            supports.append(1)
+    return worker_pb2.ProposeResponse(errors=errors, counts=counts, token_ids=tokens, supports=supports,
+                                      q_token_ids=pack_ids(torch.cat(ids)) if ids else b"",
+                                      q_probs=pack_probs(torch.cat(probs)) if probs else b"", num_cached=cached)
 
 
 def proposals(response: worker_pb2.ProposeResponse) -> list:
+    counts, supports = list(response.counts), list(response.supports)
+    _same_length(len(counts), supports=supports, num_cached=response.num_cached)
+    tokens = _split(list(response.token_ids), counts, "token_ids")
+    q_ids, q_probs = _q_rows(response.q_token_ids, response.q_probs, counts, supports)
+    out = [Proposal(tokens[i], q_ids[i], q_probs[i], response.num_cached[i]) for i in range(len(counts))]
+    for error in response.errors:
+        out[error.index] = error_from_status(error.status.code, error.status.message)
+    return out
+
+
+def _same_length(n: int, **columns) -> None:
+    for name, column in columns.items():
+        if len(column) != n:
+            raise InvalidArgument(f"{name} holds {len(column)} values for {n} sequences")
+
+
+def _split(values: list, lengths: list[int], name: str) -> list[list]:
+    """values cut into consecutive runs of `lengths`."""
+    if sum(lengths) != len(values):
+        raise InvalidArgument(f"{name} holds {len(values)} values, the lengths add up to {sum(lengths)}")
+    out, start = [], 0
+    for n in lengths:
+        out.append(values[start : start + n])
+        start += n
+    return out
+
+
+def _q_rows(id_bytes: bytes, prob_bytes: bytes, counts: list[int], supports: list[int]) -> tuple[list, list]:
+    """Each sequence's q as [count, support] tensors (views into one array per field)."""
+    sizes = [c * max(s, 1) for c, s in zip(counts, supports)]
+    total = sum(sizes)
+    if len(id_bytes) != 4 * total or len(prob_bytes) != 4 * total:
+        raise InvalidArgument(f"q must hold {total} entries of 4 bytes; got {len(id_bytes)} and {len(prob_bytes)} bytes")
+    ids = unpack_ids(id_bytes, total, 1).view(-1)
+    probs = unpack_probs(prob_bytes, total, 1).view(-1)
+    out_ids, out_probs, start = [], [], 0
+    for size, count, support in zip(sizes, counts, supports):
+        out_ids.append(ids[start : start + size].view(count, max(support, 1)))
+        out_probs.append(probs[start : start + size].view(count, max(support, 1)))
+        start += size
+    return out_ids, out_probs
+
+
+def _checked_columns(handles: list[str], decode) -> list:
+    """decode(i) per sequence; a bad handle or a failed check becomes that sequence's InvalidArgument in place."""
     out = []
-    for r in response.results:
-        if r.status.code != 0:
-            out.append(error_from_status(r.status.code, r.status.message))
-            continue
-        k, support = len(r.token_ids), max(r.support, 1)
-        out.append(
-            Proposal(
-                token_ids=list(r.token_ids),
-                q_token_ids=unpack_ids(r.q_token_ids, k, support),
-                q_probs=unpack_probs(r.q_probs, k, support),
-                num_cached=r.num_cached,
-            )
-        )
+    for i, handle in enumerate(handles):
+        try:
+            if not (0 < len(handle) <= MAX_HANDLE_BYTES and handle.isascii()):  # the usual handle: no call
+                check_string("sequence handle", handle, MAX_HANDLE_BYTES, required=True)
+            out.append(decode(i))
+        except InvalidArgument as error:
+            out.append(error)
     return out
 
 
 # ---- target ---------------------------------------------------------------------------------------------------
 
-def target_prefill_request(items: list[TargetPrefill]) -> worker_pb2.TargetPrefillRequest:
+def target_prefill_request(items: list[TargetPrefill], traceparents: list[str] | None = None) -> worker_pb2.TargetPrefillRequest:
     return worker_pb2.TargetPrefillRequest(
         items=[
             worker_pb2.TargetPrefillItem(handle=i.handle, token_ids=i.token_ids, sampling=sampling_pb(i.sampling), logprobs=i.logprobs)
             for i in items
-        ]
+        ],
+        traceparents=traceparents or (),
     )
 
 
@@ -183,59 +233,91 @@ def target_prefill_items(request: worker_pb2.TargetPrefillRequest) -> list:
                     request.items)
 
 
-def verify_request(items: list[VerifyItem]) -> worker_pb2.VerifyRequest:
-    out = []
+def verify_request(items: list[VerifyItem], traceparents: list[str] | None = None) -> worker_pb2.VerifyRequest:
+    """One message for the whole batch, a column per field; q of every sequence in one buffer per field."""
+    ids, probs, supports = [], [], []
     for i in items:
-        m = worker_pb2.VerifyItem(handle=i.handle, cached_len=i.cached_len, delta=i.delta, logprobs=i.logprobs,
-                                  bonus_guess=i.bonus_guess)
         if i.draft_token_ids:
-            m.draft_token_ids.extend(i.draft_token_ids)
-            m.support = i.q_token_ids.shape[1]
-            m.q_token_ids = pack_ids(i.q_token_ids)
-            m.q_probs = pack_probs(i.q_probs)
-        out.append(m)
-    return worker_pb2.VerifyRequest(items=out)
+            supports.append(i.q_token_ids.shape[1])
+            ids.append(i.q_token_ids.reshape(-1))
+            probs.append(i.q_probs.reshape(-1))
+        else:
+            supports.append(1)
+    logprobs = [-1 if i.logprobs is None else i.logprobs for i in items]
+    guesses = [-1 if i.bonus_guess is None else i.bonus_guess for i in items]
+    return worker_pb2.VerifyRequest(
+        handles=[i.handle for i in items], cached_lens=[i.cached_len for i in items],
+        delta_lens=[len(i.delta) for i in items], delta_token_ids=[t for i in items for t in i.delta],
+        draft_counts=[len(i.draft_token_ids) for i in items],
+        draft_token_ids=[t for i in items for t in i.draft_token_ids], supports=supports,
+        q_token_ids=pack_ids(torch.cat(ids)) if ids else b"", q_probs=pack_probs(torch.cat(probs)) if probs else b"",
+        logprobs=logprobs if any(n >= 0 for n in logprobs) else (),
+        bonus_guesses=guesses if any(g >= 0 for g in guesses) else (), traceparents=traceparents or (),
+    )
 
 
 def verify_items(request: worker_pb2.VerifyRequest) -> list:
-    """Malformed items become InvalidArgument errors in place, so the rest of the batch still runs."""
+    """Malformed items become InvalidArgument errors in place, so the rest of the batch still runs; columns that do
+    not line up make the whole request invalid."""
+    handles = list(request.handles)
+    n = len(handles)
+    _same_length(n, cached_lens=request.cached_lens, delta_lens=request.delta_lens, draft_counts=request.draft_counts,
+                 supports=request.supports)
+    logprobs = list(request.logprobs) or [-1] * n
+    guesses = list(request.bonus_guesses) or [-1] * n
+    _same_length(n, logprobs=logprobs, bonus_guesses=guesses)
+    counts = list(request.draft_counts)
+    deltas = _split(list(request.delta_token_ids), list(request.delta_lens), "delta_token_ids")
+    drafts = _split(list(request.draft_token_ids), counts, "draft_token_ids")
+    q_ids, q_probs = _q_rows(request.q_token_ids, request.q_probs, counts, list(request.supports))
 
     def decode(i):
-        k = len(i.draft_token_ids)
-        item = VerifyItem(i.handle, i.cached_len, list(i.delta), list(i.draft_token_ids), logprobs=_logprobs(i),
-                          bonus_guess=_optional(i, "bonus_guess"))
-        if k:
-            support = i.support
-            if support < 1 or len(i.q_token_ids) != 4 * k * support or len(i.q_probs) != 4 * k * support:
-                raise InvalidArgument(f"q must hold {k} x {support} entries of 4 bytes; got {len(i.q_token_ids)} and {len(i.q_probs)} bytes")
-            item.q_token_ids = unpack_ids(i.q_token_ids, k, support)
-            item.q_probs = unpack_probs(i.q_probs, k, support)
-        return item
+        wanted = logprobs[i]
+        if wanted > MAX_LOGPROBS:
+            raise InvalidArgument(f"logprobs must be in [0, {MAX_LOGPROBS}], got {wanted}")
+        return VerifyItem(handles[i], request.cached_lens[i], deltas[i], drafts[i],
+                          q_ids[i] if counts[i] else None, q_probs[i] if counts[i] else None,
+                          logprobs=wanted if wanted >= 0 else None, bonus_guess=guesses[i] if guesses[i] >= 0 else None)
 
-    return _checked(decode, request.items)
+    return _checked_columns(handles, decode)
 
 
 def verify_response(results: list) -> worker_pb2.VerifyResponse:
-    out = []
-    for r in results:
+    """Verdicts (and a target's prefill outcomes) in columns; logprobs only for the sequences that have them."""
+    errors, accepted, counts, tokens, cached, logprobs, methods = [], [], [], [], [], [], []
+    for index, r in enumerate(results):
         if isinstance(r, Exception):
-            out.append(worker_pb2.Verdict(status=status_pb(r)))
-        else:
-            out.append(
-                worker_pb2.Verdict(
-                    status=OK, num_accepted=r.num_accepted, token_ids=r.token_ids, logprobs=logprobs_pb(r.logprobs), num_cached=r.num_cached,
-                    acceptance_method=acceptance_method_pb(r.acceptance_method),
-                )
-            )
-    return worker_pb2.VerifyResponse(results=out)
+            errors.append(worker_pb2.ItemError(index=index, status=status_pb(r)))
+            accepted.append(0), counts.append(0), cached.append(0), methods.append(0)
+            continue
+        accepted.append(r.num_accepted)
+        counts.append(len(r.token_ids))
+        tokens += r.token_ids
+        cached.append(r.num_cached)
+        methods.append(acceptance_method_pb(r.acceptance_method))
+        if r.logprobs is not None:  # one per emitted token, exactly when the sequence asked for them
+            logprobs += logprobs_pb(r.logprobs)
+    return worker_pb2.VerifyResponse(errors=errors, num_accepted=accepted, counts=counts, token_ids=tokens,
+                                     num_cached=cached, logprobs=logprobs,
+                                     acceptance_methods=methods if any(methods) else ())
 
 
 def verdicts(response: worker_pb2.VerifyResponse, wants_logprobs: list[bool]) -> list:
-    out = []
-    for r, wants in zip(response.results, wants_logprobs):
-        if r.status.code != 0:
-            out.append(error_from_status(r.status.code, r.status.message))
-        else:
-            lp = logprobs_from_pb(r.logprobs) if wants else None
-            out.append(Verdict(r.num_accepted, list(r.token_ids), lp, r.num_cached, acceptance_method_from_pb(r.acceptance_method)))
+    counts = list(response.counts)
+    _same_length(len(counts), num_accepted=response.num_accepted, num_cached=response.num_cached,
+                 wants_logprobs=wants_logprobs)
+    tokens = _split(list(response.token_ids), counts, "token_ids")
+    methods = list(response.acceptance_methods) or [0] * len(counts)
+    failed = {error.index: error.status for error in response.errors}
+    out, logprob_start = [], 0
+    for i, count in enumerate(counts):
+        if i in failed:
+            out.append(error_from_status(failed[i].code, failed[i].message))
+            continue
+        lp = None
+        if wants_logprobs[i]:
+            lp = logprobs_from_pb(response.logprobs[logprob_start : logprob_start + count])
+            logprob_start += count
+        out.append(Verdict(response.num_accepted[i], tokens[i], lp, response.num_cached[i],
+                           acceptance_method_from_pb(methods[i])))
     return out

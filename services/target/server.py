@@ -1,6 +1,9 @@
 """The target service: TargetWorker RPCs over the verifier, each `from_pb -> batched step -> to_pb`."""
 
+import grpc
+
 from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
+from specsplit.services.errors import InvalidArgument
 from specsplit.services.rpc import worker_messages as msg
 from specsplit.services.rpc.invalid_items import valid_items_only
 from specsplit.services.rpc.worker_credentials import bind_handles, caller_owner, owned_handles
@@ -35,22 +38,32 @@ class TargetService(worker_pb2_grpc.TargetWorkerServicer):
         return [i if isinstance(i, Exception) else next(verdicts) for i in items]
 
     async def Prefill(self, request, context):
-        items = self.telemetry.received(bind_handles(msg.target_prefill_items(request), caller_owner(context)), context)
+        items = bind_handles(msg.target_prefill_items(request), caller_owner(context))
+        self.telemetry.received(items, request.traceparents)
         return msg.verify_response(await self.batcher.submit("prefill", items))
 
     async def Verify(self, request, context):
+        return await self._verify_call(request, caller_owner(context), context)
+
+    async def VerifyStream(self, requests, context):
+        """The round's verifications over one long-lived stream; each request answered in order."""
+        owner = caller_owner(context)
+        async for request in requests:
+            yield await self._verify_call(request, owner, context)
+
+    async def _verify_call(self, request, owner, context):
         round_timeline.mark("target.received")
-        items = self.telemetry.received(bind_handles(msg.verify_items(request), caller_owner(context)), context)
+        try:
+            items = bind_handles(msg.verify_items(request), owner)
+        except InvalidArgument as error:  # columns that do not line up: the caller's bug, this call alone fails
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        self.telemetry.received(items, request.traceparents)
         round_timeline.mark("target.unpacked")
-        results = await self.batcher.submit("verify", items)
+        results = await self.batcher.submit("verify", items, caller=owner)
         round_timeline.mark("target.resumed")
         response = msg.verify_response(results)
         round_timeline.mark("target.answered")
         return response
-
-    async def VerifyStream(self, requests, context):
-        async for request in requests:  # one at a time: responses keep the requests' order
-            yield await self.Verify(request, context)
 
     async def Release(self, request, context):
         released = await self.batcher.submit("release", owned_handles(request.handles, caller_owner(context)))

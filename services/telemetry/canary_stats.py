@@ -84,6 +84,12 @@ class CanaryStats:
         with self._lock:
             self._variant(variant).add_round(num_drafted, num_accepted)
 
+    def add_rounds(self, rounds: list[tuple[str, int, int]]) -> None:
+        """Many sequences' rounds at once, (variant, drafted, accepted) each: one lock for a batch's round."""
+        with self._lock:
+            for variant, num_drafted, num_accepted in rounds:
+                self._variant(variant).add_round(num_drafted, num_accepted)
+
     def add_request(self, variant: str, finish_reason: str, completion_tokens: int, seconds: float) -> None:
         with self._lock:
             self._variant(variant).add_request(finish_reason, completion_tokens, seconds)

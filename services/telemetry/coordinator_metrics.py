@@ -1,5 +1,5 @@
-"""The coordinator's Prometheus metrics, fed by its observer events ("prefill", "round", "finish", "error") and
-its worker-call timings. Speculation counters live in `CanaryStats` (plain integers under a lock, so the round
+"""The coordinator's Prometheus metrics, fed by its observer events (a batch's "prefill" and "round", a request's
+"finish" or "error": one call per batch, not per sequence) and its worker-call timings. Speculation counters live in `CanaryStats` (plain integers under a lock, so the round
 loop does no label lookups) and are exported from there when scraped; latencies are histograms.
 
 Exported (variant = the draft variant that served the request; "none" = the target alone; method = how the target
@@ -15,7 +15,8 @@ accepted proposals: "rejection", lossless, or "typical", NOT lossless, so the tw
                                                 ("model" or "ngram"), to join the variant series on
   specsplit_stage_latency_seconds{stage}        prefill / propose / verify worker calls, as round trips
   specsplit_speculation_length                  k the speculation policy chose per round (0 = plain decoding)
-  specsplit_round_seconds{variant}              one sequence's round: time between its commits
+  specsplit_round_seconds{variant}              one round of the batch loop: time between its commits, once per
+                                                round for each variant the round served
   specsplit_time_to_first_token_seconds{variant}, specsplit_inter_token_latency_seconds{variant}
   specsplit_queue_depth{role="coordinator"}, specsplit_running_sequences{role="coordinator"}
 """
@@ -43,7 +44,7 @@ class CoordinatorMetrics:
             ["stage"], registry=self.registry, buckets=STAGE_BUCKETS,
         )
         self.round_time = Histogram(
-            "specsplit_round_seconds", "Time of one speculative round of a sequence (between its commits)",
+            "specsplit_round_seconds", "Time of one round of the batch loop (between its commits), per variant served",
             ["variant"], registry=self.registry, buckets=STAGE_BUCKETS,
         )
         self.ttft = Histogram(
@@ -61,7 +62,8 @@ class CoordinatorMetrics:
         self.registry.register(_SpeculationCollector(self))
         for stage in ("prefill", "propose", "verify"):
             self.stage_latency.labels(stage)  # every series exists from the start, at zero
-        self._seen: dict = {}  # sequence -> (time of its last commit, drafted, accepted) at that commit
+        self._last_round: dict[str, tuple[int, float]] = {}  # variant -> (number, commit time) of its last round
+        self._round_number = 0
 
     def attach(self) -> "CoordinatorMetrics":
         """Start recording the coordinator's events (observer) and call timings."""
@@ -75,23 +77,34 @@ class CoordinatorMetrics:
     def observe_call(self, method: str, seconds: float) -> None:
         self.stage_latency.labels(method).observe(seconds)
 
-    def observe(self, sequence, event: str) -> None:
-        variant = sequence.draft_variant or NO_VARIANT
+    def observe(self, event: str, records: list) -> None:
+        """`records`: sequences ("prefill", "finish", "error") or (sequence, drafted, accepted) per sequence of a
+        round ("round")."""
         now = time.perf_counter()
-        stats = sequence.stats
-        if event == "prefill":
-            self._seen[sequence] = (now, stats.draft_tokens, stats.accepted_tokens)
-            self.ttft.labels(variant).observe((sequence.first_token_at or now) - sequence.started)
-        elif event == "round":
-            last, drafted, accepted = self._seen.get(sequence, (now, stats.draft_tokens, stats.accepted_tokens))
-            self._seen[sequence] = (now, stats.draft_tokens, stats.accepted_tokens)
-            self.round_time.labels(variant).observe(now - last)
-            if stats.draft_tokens > drafted:
-                self.canary.add_round(variant, stats.draft_tokens - drafted, stats.accepted_tokens - accepted)
-                self.by_method.add_round((variant, sequence.acceptance_method), stats.draft_tokens - drafted,
-                                         stats.accepted_tokens - accepted)
-        elif event in ("finish", "error"):
-            self._seen.pop(sequence, None)
+        if event == "round":
+            variants = set()
+            rounds, by_method = [], []
+            for sequence, drafted, accepted in records:
+                variant = sequence.draft_variant or NO_VARIANT
+                variants.add(variant)
+                if drafted > 0:
+                    rounds.append((variant, drafted, accepted))
+                    by_method.append(((variant, sequence.acceptance_method), drafted, accepted))
+            self._round_number += 1
+            for variant in variants:
+                number, last = self._last_round.get(variant, (0, now))
+                if number == self._round_number - 1:  # the variant was served by the round before too
+                    self.round_time.labels(variant).observe(now - last)
+                self._last_round[variant] = (self._round_number, now)
+            if rounds:
+                self.canary.add_rounds(rounds)
+                self.by_method.add_rounds(by_method)
+            return
+        for sequence in records:
+            variant = sequence.draft_variant or NO_VARIANT
+            if event == "prefill":
+                self.ttft.labels(variant).observe((sequence.first_token_at or now) - sequence.started)
+                continue
             total = now - sequence.started
             tokens = len(sequence.generated)
             self.canary.add_request(variant, sequence.finish_reason or event, tokens, total)

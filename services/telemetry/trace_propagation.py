@@ -1,4 +1,4 @@
-"""Trace context in gRPC metadata.
+"""Trace context across the services.
 
 Public API: a caller's context arrives in the standard headers (W3C `traceparent`/`tracestate`, or whatever
 OTEL_PROPAGATORS names); `CallerContextInterceptor` makes it current while the handler runs, so the request span
@@ -6,8 +6,8 @@ the coordinator starts is its child.
 
 Worker API: one call carries many sequences, each from another request (another trace), so a single
 `traceparent` would misattribute the call to one of them. The coordinator sends instead one W3C traceparent per
-item, in item order, in `specsplit-traceparents` ("00-<trace>-<span>-<flags>,..."); the worker makes each item's
-span a child of its own request's span.
+sequence inside the request message (`traceparents`, in sequence order; empty when nothing is traced), so the round's
+long-lived streams carry them as unary calls do; the worker makes each item's span a child of its own request's span.
 """
 
 import contextvars
@@ -15,9 +15,8 @@ from contextlib import contextmanager
 
 import grpc
 
-ITEM_TRACEPARENTS = "specsplit-traceparents"
-
-_outgoing: contextvars.ContextVar[str | None] = contextvars.ContextVar("specsplit_outgoing_traceparents", default=None)
+_outgoing: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("specsplit_outgoing_traceparents",
+                                                                              default=None)
 
 
 def traceparent(span_context) -> str:
@@ -28,29 +27,23 @@ def traceparent(span_context) -> str:
 @contextmanager
 def sending_item_contexts(span_contexts: list):
     """Worker calls made inside carry these per-item contexts (None = that item is not traced)."""
-    value = ",".join(traceparent(c) if c is not None else "" for c in span_contexts)
-    token = _outgoing.set(value)
+    token = _outgoing.set([traceparent(c) if c is not None else "" for c in span_contexts])
     try:
         yield
     finally:
         _outgoing.reset(token)
 
 
-def outgoing_metadata():
-    """Metadata for a worker call made now: the per-item traceparents, or None outside `sending_item_contexts`."""
-    value = _outgoing.get()
-    return None if value is None else ((ITEM_TRACEPARENTS, value),)
+def outgoing_traceparents() -> list[str] | None:
+    """The per-item traceparents for a worker call made now, or None outside `sending_item_contexts`."""
+    return _outgoing.get()
 
 
-def item_contexts(metadata, count: int) -> list:
-    """Per-item OpenTelemetry Contexts (None where absent or malformed) from a worker call's metadata."""
-    value = next((v for k, v in metadata or () if k == ITEM_TRACEPARENTS), None)
-    if value is None:
+def item_contexts(traceparents, count: int) -> list:
+    """Per-item OpenTelemetry Contexts (None where absent or malformed) from a worker request's traceparents."""
+    if len(traceparents) != count:
         return [None] * count
-    parts = value.split(",")
-    if len(parts) != count:
-        return [None] * count
-    return [_parse(p) for p in parts]
+    return [_parse(p) for p in traceparents]
 
 
 def _parse(value: str):

@@ -67,7 +67,7 @@ class WorkerTelemetry:
             "specsplit_step_batch_size", "Sequences per worker step", ["kind"], registry=self.registry, buckets=BATCH_BUCKETS
         )
         self.queue_wait = Histogram(
-            "specsplit_queue_wait_seconds", "Time an item waits in the worker's batch queue before its step",
+            "specsplit_queue_wait_seconds", "Time a call waits in the worker's batch queue before its step",
             ["kind"], registry=self.registry, buckets=STAGE_BUCKETS,
         )
         self.registry.register(_WorkerGauges(self))
@@ -84,14 +84,13 @@ class WorkerTelemetry:
         """Wrap the step handlers that do model work; housekeeping (release, expire) runs as it is."""
         return {kind: self._step(kind, h) if kind in ("prefill", "propose", "verify") else h for kind, h in handlers.items()}
 
-    def received(self, items: list, grpc_context) -> list:
-        """Note when a call's items arrived and, when tracing, which request each belongs to; returns the items."""
+    def received(self, items: list, traceparents=()) -> list:
+        """Note when a call's items arrived and, when tracing, which request each belongs to (the request's
+        per-item traceparents); returns the items."""
         now = time.time_ns()
-        contexts = [None] * len(items)
-        if tracing.enabled():
-            contexts = item_contexts(grpc_context.invocation_metadata(), len(items))
-        for item, context in zip(items, contexts):
-            self._arrivals[id(item)] = (context, now)
+        contexts = item_contexts(traceparents, len(items)) if traceparents and tracing.enabled() else None
+        for i, item in enumerate(items):
+            self._arrivals[id(item)] = (contexts[i] if contexts else None, now)
         return items
 
     def _step(self, kind: str, handler):
@@ -116,7 +115,7 @@ class WorkerTelemetry:
             self.stage_latency.labels(stage).observe((e - s) / 1e9)
         self.batch_size.labels(kind).observe(len(items))
         wait = self.queue_wait.labels(kind)
-        for _, arrived in arrivals:
+        for arrived in {arrived for _, arrived in arrivals}:  # once per call: its items arrived together
             wait.observe(max(0, start - arrived) / 1e9)
         if tracing.enabled() and any(c is not None for c, _ in arrivals):
             per_item = results if isinstance(results, list) else [results] * len(items)

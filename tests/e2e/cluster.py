@@ -90,3 +90,21 @@ def scrape(url: str) -> dict[tuple, float]:
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(text) for s in family.samples
     }
+
+
+def item_codes(response) -> list[int]:
+    """Per sequence of a batched worker response (columnar: ProposeResponse, VerifyResponse), its status code
+    number: 0 where it succeeded."""
+    codes = [0] * len(response.counts)
+    for error in response.errors:
+        codes[error.index] = error.status.code
+    return codes
+
+
+def item_tokens(response) -> list[list[int]]:
+    """Per sequence of a batched worker response, the tokens it returned (proposed or emitted)."""
+    out, start = [], 0
+    for count in response.counts:
+        out.append(list(response.token_ids[start : start + count]))
+        start += count
+    return out

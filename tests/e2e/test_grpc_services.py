@@ -2,16 +2,20 @@
 cancellation, deadlines and bad input."""
 
 import asyncio
-import struct
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
+import torch
 
 from specsplit.client import Client
 from specsplit.proto.v1 import generation_pb2, worker_pb2, worker_pb2_grpc
 from specsplit.services.local_engine import LocalEngine
+from specsplit.services.rpc import worker_messages as msg
 from specsplit.services.sampling_params import SamplingParams
+from specsplit.services.target.verifier import VerifyItem
+
+from cluster import item_codes, item_tokens
 
 WORKERS = ["target_a", "target_b", "draft_a", "draft_b"]
 PROMPTS = ["def add(a, b):", "hello world", "import os\nimport sys\n", "1 2 3 4 5"]
@@ -136,13 +140,18 @@ def test_worker_rejects_inconsistent_items_but_serves_the_rest(cluster):
             worker_pb2.TargetPrefillItem(handle="h-good", token_ids=[1, 2, 3], sampling=sampling),
             worker_pb2.TargetPrefillItem(handle="h-bad", token_ids=[], sampling=sampling),
         ]), timeout=30)
-        assert prefill.results[0].status.code == 0 and len(prefill.results[0].token_ids) == 1
-        assert prefill.results[1].status.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
-        verify = stub.Verify(worker_pb2.VerifyRequest(items=[
-            worker_pb2.VerifyItem(handle="h-good", cached_len=3, delta=list(prefill.results[0].token_ids), draft_token_ids=[5, 6], support=2, q_token_ids=struct.pack("<i", 5), q_probs=struct.pack("<f", 1.0)),
-            worker_pb2.VerifyItem(handle="nobody", cached_len=0, delta=[1]),
-            worker_pb2.VerifyItem(handle="h-good", cached_len=3, delta=list(prefill.results[0].token_ids)),
-        ]), timeout=30)
-        codes = [r.status.code for r in verify.results]
+        assert item_codes(prefill) == [0, grpc.StatusCode.INVALID_ARGUMENT.value[0]]
+        first = item_tokens(prefill)[0]
+        assert len(first) == 1
+        bad_q = VerifyItem("h-good", 3, first, [5, 6], torch.tensor([[10**9], [6]]), torch.tensor([[1.0], [1.0]]))
+        verify = stub.Verify(msg.verify_request([bad_q, VerifyItem("nobody", 0, [1]), VerifyItem("h-good", 3, first)]),
+                             timeout=30)
+        codes = item_codes(verify)
         assert codes == [grpc.StatusCode.INVALID_ARGUMENT.value[0], grpc.StatusCode.NOT_FOUND.value[0], 0]
+        # Columns that do not line up fail the call alone, with INVALID_ARGUMENT, and the worker goes on.
+        misaligned = msg.verify_request([VerifyItem("h-good", 3, first)])
+        misaligned.cached_lens.append(7)
+        with pytest.raises(grpc.RpcError) as error:
+            stub.Verify(misaligned, timeout=30)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "cached_lens" in error.value.details()
         assert stub.Release(worker_pb2.ReleaseRequest(handles=["h-good", "h-bad"]), timeout=30).released == 1

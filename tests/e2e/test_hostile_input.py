@@ -10,7 +10,12 @@ import grpc
 import pytest
 
 from specsplit.proto.v1 import generation_pb2, generation_pb2_grpc, worker_pb2, worker_pb2_grpc
+from specsplit.services.draft.proposer import ProposeItem
+from specsplit.services.rpc import worker_messages as msg
 from specsplit.services.service_commands import spawn_service
+from specsplit.services.target.verifier import VerifyItem
+
+from cluster import item_codes, item_tokens
 
 WORKERS = ["target_a", "draft_a"]
 
@@ -169,27 +174,25 @@ def test_hostile_worker_items_fail_alone(cluster):
         worker_pb2.TargetPrefillItem(handle="h" * (1 << 20), token_ids=[1, 2], sampling=greedy),
     ]
     prefill = stub.Prefill(worker_pb2.TargetPrefillRequest(items=good + bad), timeout=60)
-    codes = [r.status.code for r in prefill.results]
-    assert codes == [0] * len(good) + [grpc.StatusCode.INVALID_ARGUMENT.value[0]] * len(bad)
-    assert all(len(r.logprobs) == 1 and len(r.logprobs[0].top) == 2 for r in prefill.results[: len(good)])
-    assert all(len(r.status.message) < 200 for r in prefill.results)
-    items = [worker_pb2.VerifyItem(handle=g.handle, cached_len=3, delta=list(r.token_ids), logprobs=2)
-             for g, r in zip(good, prefill.results)]
-    items.insert(3, worker_pb2.VerifyItem(handle=good[0].handle, cached_len=3, delta=[1], logprobs=10**6))
-    verify = stub.Verify(worker_pb2.VerifyRequest(items=items), timeout=60)
-    codes = [r.status.code for r in verify.results]
-    assert codes == [0, 0, 0, grpc.StatusCode.INVALID_ARGUMENT.value[0]] + [0] * (len(good) - 3)
+    assert item_codes(prefill) == [0] * len(good) + [grpc.StatusCode.INVALID_ARGUMENT.value[0]] * len(bad)
+    assert len(prefill.logprobs) == len(good) and all(len(lp.top) == 2 for lp in prefill.logprobs)
+    assert all(len(e.status.message) < 200 for e in prefill.errors)
+    firsts = item_tokens(prefill)
+    items = [VerifyItem(g.handle, 3, firsts[i], logprobs=2) for i, g in enumerate(good)]
+    items.insert(3, VerifyItem(good[0].handle, 3, [1], logprobs=10**6))
+    verify = stub.Verify(msg.verify_request(items), timeout=60)
+    assert item_codes(verify) == [0, 0, 0, grpc.StatusCode.INVALID_ARGUMENT.value[0]] + [0] * (len(good) - 3)
     assert stub.Release(worker_pb2.ReleaseRequest(handles=[g.handle for g in good]), timeout=30).released == len(good)
 
     # A draft: a proposal step with a token id outside the vocabulary fails alone too.
     draft = worker_pb2_grpc.DraftWorkerStub(grpc.insecure_channel(cluster.addresses["draft_a"]))
     items = [worker_pb2.DraftPrefillItem(handle=f"hostile-draft-{i}", token_ids=[1, 2, 3], sampling=greedy) for i in range(4)]
     assert [r.status.code for r in draft.Prefill(worker_pb2.DraftPrefillRequest(items=items), timeout=60).results] == [0] * 4
-    propose = [worker_pb2.ProposeItem(handle=i.handle, cached_len=2, delta=[3], k=2) for i in items]
-    propose[1].delta[:] = [2**31 - 1]
-    results = draft.Propose(worker_pb2.ProposeRequest(items=propose), timeout=60).results
-    assert [r.status.code for r in results] == [0, grpc.StatusCode.INVALID_ARGUMENT.value[0], 0, 0]
-    assert all(len(results[i].token_ids) == 2 for i in (0, 2, 3))
+    propose = [ProposeItem(i.handle, 2, [3], 2) for i in items]
+    propose[1].delta = [2**31 - 1]
+    proposed = draft.Propose(msg.propose_request(propose), timeout=60)
+    assert item_codes(proposed) == [0, grpc.StatusCode.INVALID_ARGUMENT.value[0], 0, 0]
+    assert [len(t) for t in item_tokens(proposed)] == [2, 0, 2, 2]
     assert draft.Release(worker_pb2.ReleaseRequest(handles=[i.handle for i in items]), timeout=30).released == 4
     _assert_no_kv_left(cluster)
 

@@ -16,7 +16,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specsplit.client import Client
 from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
+from specsplit.services.rpc import worker_messages as msg
 from specsplit.services.service_commands import spawn_service
+from specsplit.services.target.verifier import VerifyItem
+
+from cluster import item_codes, item_tokens
 
 # The contract, spelled out (services/rpc/worker_credentials.py holds the same names).
 WORKER_SECRET_ENV = "SPECSPLIT_WORKER_SECRET"
@@ -73,7 +77,7 @@ def test_calls_without_the_secret_are_unauthenticated(guarded):
     assert _code(lambda: _describe(target, ((WORKER_SECRET_HEADER, SECRET[:-1]),))) == grpc.StatusCode.UNAUTHENTICATED
     with grpc.insecure_channel(target) as channel:
         verify = worker_pb2_grpc.TargetWorkerStub(channel).Verify
-        request = worker_pb2.VerifyRequest(items=[worker_pb2.VerifyItem(handle="x", cached_len=0, delta=[1], logprobs=5)])
+        request = msg.verify_request([VerifyItem("x", 0, [1], logprobs=5)])
         assert _code(lambda: verify(request, timeout=10)) == grpc.StatusCode.UNAUTHENTICATED
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
         assert health.status == health_pb2.HealthCheckResponse.SERVING  # probes need no secret
@@ -105,14 +109,14 @@ def test_handles_are_bound_to_the_coordinator_that_created_them(guarded):
         prefill = stub.Prefill(worker_pb2.TargetPrefillRequest(items=[
             worker_pb2.TargetPrefillItem(handle="shared-name", token_ids=[1, 2, 3], sampling=greedy)]),
             timeout=30, metadata=as_coordinator("alice"))
-        first = list(prefill.results[0].token_ids)
-        other = stub.Verify(worker_pb2.VerifyRequest(items=[worker_pb2.VerifyItem(handle="shared-name", cached_len=3, delta=first, logprobs=5)]),
+        first = item_tokens(prefill)[0]
+        other = stub.Verify(msg.verify_request([VerifyItem("shared-name", 3, first, logprobs=5)]),
                             timeout=30, metadata=as_coordinator("mallory"))
-        assert other.results[0].status.code == grpc.StatusCode.NOT_FOUND.value[0]
+        assert item_codes(other) == [grpc.StatusCode.NOT_FOUND.value[0]]
         assert stub.Release(worker_pb2.ReleaseRequest(handles=["shared-name"]), timeout=30, metadata=as_coordinator("mallory")).released == 0
-        own = stub.Verify(worker_pb2.VerifyRequest(items=[worker_pb2.VerifyItem(handle="shared-name", cached_len=3, delta=first)]),
+        own = stub.Verify(msg.verify_request([VerifyItem("shared-name", 3, first)]),
                           timeout=30, metadata=as_coordinator("alice"))
-        assert own.results[0].status.code == 0
+        assert item_codes(own) == [0]
         assert stub.Release(worker_pb2.ReleaseRequest(handles=["shared-name"]), timeout=30, metadata=as_coordinator("alice")).released == 1
 
 

@@ -20,7 +20,7 @@ from specsplit.services.local_engine import LocalEngine
 from specsplit.services.rpc.server import start_server
 from specsplit.services.sampling_params import SamplingParams
 from specsplit.services.telemetry import tracing
-from specsplit.services.telemetry.trace_propagation import CallerContextInterceptor, outgoing_metadata, traceparent
+from specsplit.services.telemetry.trace_propagation import CallerContextInterceptor, outgoing_traceparents, traceparent
 
 
 @pytest.fixture
@@ -46,11 +46,11 @@ class RecordingDraft:
         self.vocab_size, self.max_model_len = inner.vocab_size, inner.max_model_len
 
     async def prefill(self, items):
-        self.sent.append(outgoing_metadata())
+        self.sent.append(outgoing_traceparents())
         return await self.inner.prefill(items)
 
     async def propose(self, items):
-        self.sent.append(outgoing_metadata())
+        self.sent.append(outgoing_traceparents())
         return await self.inner.propose(items)
 
     async def release(self, handles):
@@ -95,8 +95,8 @@ def test_request_span_and_its_worker_calls(engine, spans):
     assert all(s.attributes["specsplit.k"] <= 3 and s.attributes["specsplit.batch_size"] == 1 for s in proposes)
     # Each draft call carried the W3C context of its own span for its one item.
     draft_calls = sorted((s for s in children if s.name.startswith("specsplit.v1.DraftWorker/")), key=lambda s: s.start_time)
-    assert [m[0][1] for m in recording.sent] == [traceparent(s.context) for s in draft_calls]
-    assert outgoing_metadata() is None  # nothing leaks outside the call
+    assert [m[0] for m in recording.sent] == [traceparent(s.context) for s in draft_calls]
+    assert outgoing_traceparents() is None  # nothing leaks outside the call
 
 
 def test_caller_context_is_the_parent_and_a_failure_marks_the_span(engine, spans):

@@ -18,7 +18,7 @@ from specsplit.services.rpc.worker_process import build_worker_service
 from specsplit.services.runtime.worker_sequences import WorkerSampling
 from specsplit.services.target.verifier import TargetPrefill, VerifyItem
 from specsplit.services.telemetry import tracing
-from specsplit.services.telemetry.trace_propagation import ITEM_TRACEPARENTS, traceparent
+from specsplit.services.telemetry.trace_propagation import traceparent
 
 
 class CallContext:
@@ -54,26 +54,26 @@ def test_batched_steps_are_attributed_to_each_request(tiny_pair, spans):
     prompts = {"r1": [1, 2, 3, 4], "r2": [9, 8, 7]}
     requests = {h: coordinator_side.start_span(f"request {h}") for h in prompts}
 
-    def call(method, request):
+    def call(method, build, items):
         """One call carrying both requests' items, each with the context of a coordinator-side span under its
-        request; returns (response, those spans)."""
+        request (in the message, as the coordinator sends them); returns (response, those spans)."""
         parents = [coordinator_side.start_span(method.__name__, trace.set_span_in_context(requests[h])) for h in prompts]
-        context = CallContext(((ITEM_TRACEPARENTS, ",".join(traceparent(p.get_span_context()) for p in parents)),))
-        response = asyncio.run(method(request, context))
+        request = build(items, [traceparent(p.get_span_context()) for p in parents])
+        response = asyncio.run(method(request, CallContext(())))
         for p in parents:
             p.end()
         return response, parents
 
     items = [TargetPrefill(h, p, greedy) for h, p in prompts.items()]
-    first = msg.verdicts(call(target.Prefill, msg.target_prefill_request(items))[0], [False, False])
-    call(draft.Prefill, msg.draft_prefill_request([DraftPrefill(h, p, greedy) for h, p in prompts.items()]))
+    first = msg.verdicts(call(target.Prefill, msg.target_prefill_request, items)[0], [False, False])
+    call(draft.Prefill, msg.draft_prefill_request, [DraftPrefill(h, p, greedy) for h, p in prompts.items()])
     propose_items = [ProposeItem(h, len(p), [v.token_ids[0]], 3) for (h, p), v in zip(prompts.items(), first)]
-    proposals = msg.proposals(call(draft.Propose, msg.propose_request(propose_items))[0])
+    proposals = msg.proposals(call(draft.Propose, msg.propose_request, propose_items)[0])
     verify_items = [
         VerifyItem(h, len(p), [v.token_ids[0]], proposal.token_ids, proposal.q_token_ids, proposal.q_probs)
         for (h, p), v, proposal in zip(prompts.items(), first, proposals)
     ]
-    response, verify_parents = call(target.Verify, msg.verify_request(verify_items))
+    response, verify_parents = call(target.Verify, msg.verify_request, verify_items)
     verdicts = msg.verdicts(response, [False, False])
     for span in requests.values():
         span.end()
@@ -108,8 +108,8 @@ def test_requests_left_out_by_the_sampler_get_no_worker_spans(tiny_pair, spans):
     exporter, _ = spans
     target, _ = build_worker_service("target", str(tiny_pair["target"]), dtype="float64", num_kv_blocks=64)
     unsampled = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
-    request = msg.target_prefill_request([TargetPrefill("r", [1, 2, 3], WorkerSampling(0.0, 0, 1.0, 1))])
-    asyncio.run(target.Prefill(request, CallContext(((ITEM_TRACEPARENTS, unsampled),))))
+    request = msg.target_prefill_request([TargetPrefill("r", [1, 2, 3], WorkerSampling(0.0, 0, 1.0, 1))], [unsampled])
+    asyncio.run(target.Prefill(request, CallContext(())))
     target.batcher.stop()
     assert exporter.get_finished_spans() == ()
     assert stage_counts(target.telemetry.registry)["prefill"] == 1  # metrics are kept all the same
