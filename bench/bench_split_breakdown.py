@@ -1,6 +1,7 @@
 """What the split costs per round, and where it goes: the same requests in one process (LocalEngine) and through the
-services (target, draft and coordinator processes over loopback gRPC; and, where built, the co-located mode), at
-each batch size and k, with per-stage timestamps of the round's path through the processes.
+services (`split`: target, draft and coordinator processes over loopback gRPC; `colocated`: the coordinator in the
+target's process, the draft its own), at each batch size and k, with per-stage timestamps of the round's path
+through the processes.
 
 Rows (per mode, batch, k): tokens/s over the batch, rounds (the batch loop's), seconds per round, TTFT and TPOT at
 the client (in one process: at the engine's stream), and for the services modes `extra_ms_per_round` = (their seconds
@@ -20,6 +21,7 @@ tokens are real target samples).
 
 import argparse
 import asyncio
+import gc
 import glob
 import json
 import os
@@ -56,6 +58,7 @@ STAGES = [  # (name, from mark, to mark): consecutive marks of one round; a work
     ("target_answer", "target.resumed", "target.answered"),
     ("verify_return", "target.answered", "verify.answered"),
     ("coordinator_unpack_verify", "verify.answered", "verify.unpacked"),
+    ("colocated_verify_call", "verify.built", "verify.unpacked"),  # the co-located mode's in-process verification
     ("coordinator_commit", "verify.unpacked", "round.committed"),
     ("between_rounds", "round.committed", "next.round.start"),
 ]
@@ -82,6 +85,8 @@ def build_models(args, root: Path):
     hf_target.save_pretrained(root / "target")
     hf_draft.save_pretrained(root / "draft")
     target, draft = e2e.loaded_from_hf(hf_target, args.target), e2e.loaded_from_hf(hf_draft, args.draft)
+    del hf_target, hf_draft
+    torch.cuda.empty_cache()  # the services' processes need the memory the transformers copies held
     return root / "target", root / "draft", target, draft
 
 
@@ -102,8 +107,6 @@ def in_process_rows(args, target, draft, batches, ks) -> dict:
     engine = LocalEngine(target, draft, num_speculative_tokens=max(ks), dtype=args.dtype, device=args.devices[0],
                          num_kv_blocks=args.kv_blocks, prefix_caching=False, synthetic_acceptance=args.alpha,
                          coordinator_config=CoordinatorConfig(max_num_seqs=256, speculation="fixed", overlap="off"))
-    if args.device != "cpu" and engine.draft_runner is not None:
-        pass  # both models on the target's device in one process
     out = {}
     for batch in batches:
         for k in ks:
@@ -136,7 +139,7 @@ def _run_local(engine, args, batch: int, k: int, warm_up: bool = False) -> dict:
 
 def services_rows(args, mode: str, target_dir, draft_dir, batches, ks, timeline_prefix: str) -> tuple[dict, dict]:
     from specsplit.client import Client
-    from specsplit.services.service_commands import spawn_service
+    from specsplit.services.service_commands import address_after, spawn_service
 
     env = {**os.environ, "SPECSPLIT_ROUND_TIMELINE": timeline_prefix}
     threads = []
@@ -149,16 +152,24 @@ def services_rows(args, mode: str, target_dir, draft_dir, batches, ks, timeline_
     synthetic = ["--synthetic-acceptance", str(args.alpha)] if args.alpha is not None else []
     procs, out, marks = [], {}, {}
     try:
-        target, t_addr = spawn_service(["target", "--model", str(target_dir), "--device", args.devices[0], *common, *kv,
-                                        *synthetic, *threads, "--warm-up-k", str(max(ks))], env=env)
-        procs.append(target)
+        coordinating = ["-k", str(max(ks)), "--speculation", "fixed", "--overlap", "off", "--http-port", "-1"]
         draft, d_addr = spawn_service(["draft", "--model", str(draft_dir), "--device", args.devices[1], *common, *kv,
                                        *threads, "--warm-up-k", str(max(ks) + 1)], env=env)
         procs.append(draft)
-        coordinator, c_addr = spawn_service(["coordinator", "--target", t_addr, "--draft", d_addr, "-k", str(max(ks)),
-                                             "--speculation", "fixed", "--overlap", "off", "--host", "127.0.0.1", "--http-port", "-1",
-                                             "--port", "0", "--metrics-port", "-1"], env=env)
-        procs.append(coordinator)
+        target_argv = ["target", "--model", str(target_dir), "--device", args.devices[0], *common, *kv, *synthetic,
+                       *threads, "--warm-up-k", str(max(ks))]
+        if mode == "colocated":  # the coordinator in the target's process: one hop per round
+            target, _ = spawn_service([*target_argv, "--coordinate", "--draft", d_addr, "--coordinator-port", "0",
+                                       "--coordinator-metrics-port", "-1", *coordinating], env=env)
+            procs.append(target)
+            c_addr = address_after(target, "coordinator")
+        else:
+            target, t_addr = spawn_service(target_argv, env=env)
+            procs.append(target)
+            coordinator, c_addr = spawn_service(["coordinator", "--target", t_addr, "--draft", d_addr, "--host",
+                                                 "127.0.0.1", "--port", "0", "--metrics-port", "-1", *coordinating],
+                                                env=env)
+            procs.append(coordinator)
         with Client(c_addr, timeout=1200) as client:
             for batch in batches:
                 for k in ks:
@@ -232,20 +243,20 @@ def _median_run(runs: list[dict]) -> dict:
 
 # ---- the timeline ---------------------------------------------------------------------------------------------
 
-def read_timeline(prefix: str) -> dict[str, list[tuple[str, int]]]:
-    """role -> sorted marks, from every process's file."""
-    out: dict[str, list] = {}
+def read_timeline(prefix: str) -> list[tuple[str, int]]:
+    """Every process's marks, merged in time order (one clock for the host)."""
+    marks = []
     for path in glob.glob(prefix + ".*.json"):
-        record = json.loads(Path(path).read_text())
-        out.setdefault(record["role"], []).extend(tuple(m) for m in record["marks"])
-    return {role: sorted(marks, key=lambda m: m[1]) for role, marks in out.items()}
+        marks.extend(tuple(m) for m in json.loads(Path(path).read_text())["marks"])
+    return sorted(marks, key=lambda m: m[1])
 
 
 def breakdown(timeline: dict, window: tuple[int, int]) -> dict:
     """Median milliseconds of each stage over the rounds inside `window` (ns), and the rounds counted."""
     start_ns, end_ns = window
-    coordinator = [m for m in timeline.get("coordinator", []) if start_ns <= m[1] <= end_ns]
-    workers = {role: [m for m in timeline.get(role, []) if start_ns <= m[1] <= end_ns] for role in ("draft", "target")}
+    inside = [m for m in timeline if start_ns <= m[1] <= end_ns]
+    coordinator = [m for m in inside if not m[0].startswith(("draft.", "target."))]
+    workers = {role: [m for m in inside if m[0].startswith(role + ".")] for role in ("draft", "target")}
     starts = [i for i, (stage, _) in enumerate(coordinator) if stage == "round.start"]
     samples: dict[str, list[float]] = {name: [] for name, _, _ in STAGES}
     for n, i in enumerate(starts[:-1]):
@@ -254,7 +265,7 @@ def breakdown(timeline: dict, window: tuple[int, int]) -> dict:
             marks.setdefault(stage, ns)
         marks["next.round.start"] = coordinator[starts[n + 1]][1]
         for role, call in (("draft", "propose"), ("target", "verify")):
-            sent, answered = marks.get(f"{call}.built"), marks.get(f"{call}.answered")
+            sent, answered = marks.get(f"{call}.built"), marks.get(f"{call}.answered", marks.get(f"{call}.unpacked"))
             if sent is None or answered is None:
                 continue
             for stage, ns in workers[role]:
@@ -263,6 +274,8 @@ def breakdown(timeline: dict, window: tuple[int, int]) -> dict:
         if "propose.built" not in marks:  # a target-only round: its verify follows the round's start
             marks["propose.unpacked"] = marks["round.start"]
         for name, a, b in STAGES:
+            if name == "colocated_verify_call" and "target.received" in marks:
+                continue  # verified over gRPC: the detailed stages say it all
             if a in marks and b in marks and marks[b] >= marks[a]:
                 samples[name].append((marks[b] - marks[a]) / 1e6)
     row = {name: round(statistics.median(v), 4) for name, v in samples.items() if v}
@@ -286,7 +299,7 @@ def main() -> None:
     parser.add_argument("--alpha", type=float, default=None, help="GPU: synthetic acceptance (NOT lossless)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--modes", default="in_process,split")
+    parser.add_argument("--modes", default="in_process,split,colocated")
     parser.add_argument("--kv-blocks", type=int, default=None)
     parser.add_argument("--label", default="", help="names this code's rows (e.g. before / after)")
     parser.add_argument("--name", default="split_breakdown_cpu")
@@ -305,6 +318,10 @@ def main() -> None:
     target_dir, draft_dir, target, draft = build_models(args, root)
     rows = []
     local = in_process_rows(args, target, draft, batches, ks) if "in_process" in modes else {}
+    del target, draft
+    gc.collect()
+    if args.device != "cpu":
+        torch.cuda.empty_cache()  # the one-process engine's models and KV go before the services start
     for (batch, k), run in local.items():
         rows.append({"label": args.label, "mode": "in_process", "batch": batch, "k": k, **run})
     for mode in [m for m in modes if m != "in_process"]:

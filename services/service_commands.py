@@ -50,6 +50,21 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
                        "on the CPU, processes joined by gloo. Must divide the model's attention heads")
         if role == "draft":
             add_proposer_args(p)
+        else:
+            colocated = p.add_argument_group(
+                "co-located coordinator", "--coordinate runs the coordinator in this target's process: a round makes "
+                "one hop (to the draft pool) instead of two. The flags below are the coordinator's")
+            colocated.add_argument("--coordinate", action="store_true",
+                                   help="also serve the public API (gRPC on --coordinator-port, OpenAI HTTP on "
+                                   "--http-port) from a coordinator whose preferred target is this one")
+            colocated.add_argument("--coordinator-port", type=int, default=50050,
+                                   help="the co-located coordinator's public gRPC port (0 = any free port, printed)")
+            colocated.add_argument("--coordinator-metrics-port", type=int, default=9091,
+                                   help="the co-located coordinator's /metrics (0 = any, -1 = none); --metrics-port "
+                                   "keeps the target's")
+            colocated.add_argument("--target", default="", help="HOST:PORT[,...] of other target replicas to fail "
+                                   "over to (this one is preferred while it is live)")
+            add_coordinating_args(colocated)
         add_server_tls_args(p)
         add_worker_secret_args(p, worker=True)
         add_metrics_port_arg(p)
@@ -58,33 +73,10 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
 
     c = sub.add_parser("coordinator", help="run the coordinator (public gRPC API)")
     c.add_argument("--target", required=True, help="HOST:PORT[,HOST:PORT...] of target replicas")
-    c.add_argument("--draft", default="", help="HOST:PORT[,...] of draft replicas (one variant named 'default')")
-    c.add_argument("--draft-variant", action="append", default=[], metavar="NAME:WEIGHT:HOST:PORT[,...]",
-                   help="a named draft variant with its routing weight (repeatable; canaries)")
-    c.add_argument("--draft-variants-file", default=None, metavar="PATH",
-                   help='JSON {"variants": [{"name", "weight", "addresses"}]}, re-read when it changes (instead of --draft)')
-    c.add_argument("--tokenizer", default=None, help="MODEL whose tokenizer to use (default: the target's)")
     c.add_argument("--host", default="0.0.0.0")
     c.add_argument("--port", type=int, default=50051)
-    c.add_argument("--num-speculative-tokens", "-k", type=int, default=4,
-                   help="the most proposals per round (adaptive), or exactly this many (fixed); 0 = target only")
-    add_speculation_arg(c)
-    c.add_argument("--max-num-seqs", type=int, default=256)
-    c.add_argument("--max-waiting", type=int, default=1024)
-    c.add_argument("--disable-speculation-batch-size", type=int, default=0)
-    c.add_argument("--replica-recovery-seconds", type=float, default=30.0,
-                   help="how long a request waits for a target replica to come back before UNAVAILABLE")
-    add_call_deadline_args(c)
-    add_logprobs_switch_arg(c)
+    add_coordinating_args(c)
     add_server_tls_args(c)
-    c.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT,
-                   help="the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, /health) "
-                   "on this port, with the gRPC API's TLS and bearer tokens; 0 = any free port (printed), -1 = none")
-    c.add_argument("--auth-token-file", help="require `authorization: Bearer TOKEN` with a token from this file")
-    c.add_argument("--worker-tls-ca", help="dial workers over TLS, verifying them with this CA")
-    c.add_argument("--worker-tls-cert", help="client certificate for workers that require mutual TLS")
-    c.add_argument("--worker-tls-key", help="its private key")
-    c.add_argument("--worker-tls-server-name", help="name to verify in workers' certificates (default: the address's host)")
     add_worker_secret_args(c, worker=False)
     add_metrics_port_arg(c)
     add_threads_arg(c, "coordinator")
@@ -119,6 +111,34 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
                        + ("1" if role == "coordinator" else "all cores: draft and target take turns within a round") + ")")
     add_proposer_args(s)
     s.set_defaults(handler=_run_serve)
+
+
+def add_coordinating_args(c) -> None:
+    """What a coordinator is told, wherever it runs (`coordinator`, or `target --coordinate`)."""
+    c.add_argument("--draft", default="", help="HOST:PORT[,...] of draft replicas (one variant named 'default')")
+    c.add_argument("--draft-variant", action="append", default=[], metavar="NAME:WEIGHT:HOST:PORT[,...]",
+                   help="a named draft variant with its routing weight (repeatable; canaries)")
+    c.add_argument("--draft-variants-file", default=None, metavar="PATH",
+                   help='JSON {"variants": [{"name", "weight", "addresses"}]}, re-read when it changes (instead of --draft)')
+    c.add_argument("--tokenizer", default=None, help="MODEL whose tokenizer to use (default: the target's)")
+    c.add_argument("--num-speculative-tokens", "-k", type=int, default=4,
+                   help="the most proposals per round (adaptive), or exactly this many (fixed); 0 = target only")
+    add_speculation_arg(c)
+    c.add_argument("--max-num-seqs", type=int, default=256)
+    c.add_argument("--max-waiting", type=int, default=1024)
+    c.add_argument("--disable-speculation-batch-size", type=int, default=0)
+    c.add_argument("--replica-recovery-seconds", type=float, default=30.0,
+                   help="how long a request waits for a target replica to come back before UNAVAILABLE")
+    add_call_deadline_args(c)
+    add_logprobs_switch_arg(c)
+    c.add_argument("--http-port", type=int, default=DEFAULT_HTTP_PORT,
+                   help="the OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/models, /health) "
+                   "on this port, with the gRPC API's TLS and bearer tokens; 0 = any free port (printed), -1 = none")
+    c.add_argument("--auth-token-file", help="require `authorization: Bearer TOKEN` with a token from this file")
+    c.add_argument("--worker-tls-ca", help="dial workers over TLS, verifying them with this CA")
+    c.add_argument("--worker-tls-cert", help="client certificate for workers that require mutual TLS")
+    c.add_argument("--worker-tls-key", help="its private key")
+    c.add_argument("--worker-tls-server-name", help="name to verify in workers' certificates (default: the address's host)")
 
 
 def add_speculation_arg(p) -> None:
@@ -216,17 +236,28 @@ def _run_worker(args) -> int:
         options["acceptance"] = acceptance_policy_from_args(args)
         if args.synthetic_acceptance is not None:
             options["synthetic_acceptance"] = args.synthetic_acceptance
-    asyncio.run(serve_worker(args.role, args.model, args.host, args.port, args.lease_seconds, args.metrics_port,
-                             security=server_security_from_args(args), secret=load_worker_secret(args.worker_secret_file),
-                             allow_unauthenticated=args.allow_unauthenticated, metrics_host=args.metrics_host, **options))
+    worker = dict(lease_seconds=args.lease_seconds, metrics_port=args.metrics_port, security=server_security_from_args(args),
+                  secret=load_worker_secret(args.worker_secret_file), allow_unauthenticated=args.allow_unauthenticated,
+                  metrics_host=args.metrics_host, **options)
+    if args.role == "target" and args.coordinate:
+        from specsplit.services.coordinator.colocated import serve_colocated
+
+        if args.draft_variants_file and (args.draft or args.draft_variant):
+            raise SystemExit("give either --draft/--draft-variant or --draft-variants-file, not both")
+        coordinator = _coordinator_options(args)
+        coordinator.update(metrics_port=args.coordinator_metrics_port, security=worker["security"])
+        asyncio.run(serve_colocated(args.model, args.host, args.port, args.coordinator_port,
+                                    [a for a in args.target.split(",") if a], parse_draft_variants(args), coordinator,
+                                    **worker))
+        return 0
+    asyncio.run(serve_worker(args.role, args.model, args.host, args.port, **worker))
     return 0
 
 
-def _run_coordinator(args) -> int:
+def _coordinator_options(args) -> dict:
+    """start_coordinator's options from a coordinator's flags (coordinator/process.py)."""
     from specsplit.services.coordinator.coordinator import CoordinatorConfig
-    from specsplit.services.coordinator.process import serve_coordinator
 
-    print(f"specsplit coordinator uses {apply_threads('coordinator', args.threads)} CPU threads", flush=True)
     config = CoordinatorConfig(
         num_speculative_tokens=args.num_speculative_tokens,
         speculation=args.speculation,
@@ -240,16 +271,31 @@ def _run_coordinator(args) -> int:
     )
     worker_security = ChannelSecurity(args.worker_tls_ca, args.worker_tls_cert, args.worker_tls_key, args.worker_tls_server_name,
                                       secret=load_worker_secret(args.worker_secret_file))
-    tokens = read_tokens(args.auth_token_file) if args.auth_token_file else None
+    return dict(tokenizer=args.tokenizer, config=config, metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+                draft_variants_file=args.draft_variants_file, worker_security=worker_security,
+                auth_tokens=read_tokens(args.auth_token_file) if args.auth_token_file else None, http_port=args.http_port)
+
+
+def _run_coordinator(args) -> int:
+    from specsplit.services.coordinator.process import serve_coordinator
+
+    print(f"specsplit coordinator uses {apply_threads('coordinator', args.threads)} CPU threads", flush=True)
     targets = [a for a in args.target.split(",") if a]
     if args.draft_variants_file and (args.draft or args.draft_variant):
         raise SystemExit("give either --draft/--draft-variant or --draft-variants-file, not both")
-    asyncio.run(serve_coordinator(targets, parse_draft_variants(args), args.host, args.port, args.tokenizer, config,
-                                  metrics_port=args.metrics_port, metrics_host=args.metrics_host,
-                                  draft_variants_file=args.draft_variants_file,
-                                  security=server_security_from_args(args), worker_security=worker_security, auth_tokens=tokens,
-                                  http_port=args.http_port))
+    asyncio.run(serve_coordinator(targets, parse_draft_variants(args), args.host, args.port,
+                                  security=server_security_from_args(args), **_coordinator_options(args)))
     return 0
+
+
+def address_after(process: subprocess.Popen, role: str) -> str:
+    """Read a started service's output on to the line where `role` ("coordinator") says where it listens (a
+    co-located target prints its own address first, then its coordinator's)."""
+    for line in process.stdout:
+        process.startup_lines.append(line.rstrip("\n"))
+        if line.startswith(f"specsplit {role} listening on "):
+            return line.strip().rsplit(" ", 1)[-1]
+    raise RuntimeError(f"the process exited with {process.wait()} before its {role} listened")
 
 
 def spawn_service(argv: list[str], env=None, stderr=None) -> tuple[subprocess.Popen, str]:

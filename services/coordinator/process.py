@@ -2,7 +2,6 @@
 
 import asyncio
 import logging
-import signal
 
 from specsplit.services.coordinator.coordinator import Coordinator, CoordinatorConfig
 from specsplit.services.coordinator.grpc_clients import GrpcDraftClient, GrpcTargetClient, expand_address
@@ -11,6 +10,7 @@ from specsplit.services.coordinator.server import GenerationService
 from specsplit.services.errors import InvalidArgument
 from specsplit.services.rpc.security import BearerTokenInterceptor
 from specsplit.services.rpc.server import start_server
+from specsplit.services.rpc.worker_process import until_stopped
 from specsplit.services.telemetry import round_timeline
 from specsplit.services.telemetry.service_observability import observe_coordinator
 
@@ -30,14 +30,17 @@ def load_tokenizer(source: str | None):
     return AutoTokenizer.from_pretrained(path)
 
 
-async def connect_pools(target_addresses, draft_variants, connect_timeout, security=None):
-    """-> (target pool, draft pools); draft_variants is [(name, weight, [addresses])]."""
+async def connect_pools(target_addresses, draft_variants, connect_timeout, security=None, local_target=None):
+    """-> (target pool, draft pools); draft_variants is [(name, weight, [addresses])]. `local_target`: a replica in
+    this process, first in the pool and preferred (see ReplicaPool.preferred)."""
     targets = [GrpcTargetClient(a, security=security) for spec in target_addresses for a in expand_address(spec)]
     drafts = [
         (name, weight, [GrpcDraftClient(a, security=security) for spec in addrs for a in expand_address(spec)])
         for name, weight, addrs in draft_variants
     ]
     await asyncio.gather(*(c.connect(connect_timeout) for c in targets), *(c.connect(connect_timeout) for _, _, cs in drafts for c in cs))
+    if local_target is not None:
+        targets.insert(0, local_target)
     vocab = {c.vocab_size for c in targets}
     if len(vocab) != 1:
         raise InvalidArgument(f"target replicas disagree on the vocabulary: {sorted(vocab)}")
@@ -47,10 +50,28 @@ async def connect_pools(target_addresses, draft_variants, connect_timeout, secur
                 raise InvalidArgument(
                     f"mismatched vocabularies: draft {c.address} ({name}) has {c.vocab_size} tokens, target has {targets[0].vocab_size}"
                 )
-    return ReplicaPool("target", targets), [ReplicaPool(name, clients, weight) for name, weight, clients in drafts]
+    pool = ReplicaPool("target", targets, preferred=local_target.name if local_target is not None else None)
+    return pool, [ReplicaPool(name, clients, weight) for name, weight, clients in drafts]
 
 
-async def serve_coordinator(
+class RunningCoordinator:
+    """A coordinator serving the public gRPC API (and the OpenAI HTTP API where asked); `stop()` ends it."""
+
+    def __init__(self, coordinator, server, address, http, observability, watching):
+        self.coordinator, self.server, self.address = coordinator, server, address
+        self.http, self.observability, self.watching = http, observability, watching
+
+    async def stop(self) -> None:
+        if self.http is not None:
+            await self.http.stop()
+        await self.server.stop(grace=2.0)
+        if self.watching is not None:
+            self.watching.cancel()
+        await self.coordinator.close()
+        self.observability.close()
+
+
+async def start_coordinator(
     targets: list[str],
     draft_variants: list[tuple[str, float, list[str]]],
     host: str,
@@ -65,9 +86,13 @@ async def serve_coordinator(
     worker_security=None,
     auth_tokens: list[str] | None = None,
     http_port: int = -1,
-) -> None:
+    local_target=None,
+) -> RunningCoordinator:
+    """`local_target`: a target replica in this process (the co-located mode, coordinator/colocated.py), preferred
+    for every sequence; `targets` are then the other replicas it may fail over to."""
     round_timeline.set_role("coordinator")
-    target_pool, draft_pools = await connect_pools(targets, draft_variants, connect_timeout, worker_security)
+    target_pool, draft_pools = await connect_pools(targets, draft_variants, connect_timeout, worker_security,
+                                                   local_target)
     first = target_pool.replicas[0].info
     tok = load_tokenizer(tokenizer or first.model_path)
     if tok is None:
@@ -75,6 +100,7 @@ async def serve_coordinator(
                     "give --tokenizer MODEL for text prompts")
     coordinator = Coordinator(target_pool, draft_pools, tok, list(first.eos_token_ids), config)
     observability = observe_coordinator(coordinator, first.model, metrics_host, metrics_port)  # metrics_port < 0: none
+    watching = None
     if draft_variants_file:
         from specsplit.services.coordinator.draft_variants_file import start_draft_variants_watcher
 
@@ -99,18 +125,14 @@ async def serve_coordinator(
             print(f"specsplit coordinator OpenAI API on {scheme}://{_display_host(host)}:{bound_http}/v1", flush=True)
     server, bound, _ = await start_server(service.add_to, ["specsplit.v1.Generation"], host, port, interceptors, security)
     print(f"specsplit coordinator listening on {host}:{bound}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    if http is not None:
-        await http.stop()
-    await server.stop(grace=2.0)
-    if draft_variants_file:
-        watching.cancel()
-    await coordinator.close()
-    observability.close()
+    return RunningCoordinator(coordinator, server, f"{host}:{bound}", http, observability, watching)
+
+
+async def serve_coordinator(targets: list[str], draft_variants: list[tuple[str, float, list[str]]], host: str, port: int,
+                            **options) -> None:
+    running = await start_coordinator(targets, draft_variants, host, port, **options)
+    await until_stopped()
+    await running.stop()
 
 
 def _display_host(host: str) -> str:

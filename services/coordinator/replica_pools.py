@@ -1,5 +1,6 @@
-"""Replica choice: sequences are pinned to the least-loaded live replica of a pool; draft pools are variants
-(canaries) chosen per request by weight, sticky for the request's life."""
+"""Replica choice: sequences are pinned to the least-loaded live replica of a pool (or to its preferred replica, the
+co-located target, while that one is live); draft pools are variants (canaries) chosen per request by weight, sticky
+for the request's life."""
 
 import random
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ class ReplicaPool:
     weight: float = 1.0
     load: dict = field(default_factory=dict)       # replica name -> pinned sequences
     down: set = field(default_factory=set)         # replica names that failed and have not come back
+    preferred: str | None = None                   # taken while live (the target in the coordinator's process)
 
     def live(self) -> list:
         return [r for r in self.replicas if r.name not in self.down]
@@ -21,7 +23,8 @@ class ReplicaPool:
         live = self.live()
         if not live:
             return None
-        replica = min(live, key=lambda r: self.load.get(r.name, 0))
+        preferred = [r for r in live if r.name == self.preferred]
+        replica = preferred[0] if preferred else min(live, key=lambda r: self.load.get(r.name, 0))
         self.load[replica.name] = self.load.get(replica.name, 0) + 1
         return replica
 

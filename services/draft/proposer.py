@@ -50,8 +50,8 @@ class ProposeItem:
 @dataclass
 class Proposal:
     token_ids: list[int]   # d_1..d_k' (k' < k only if KV ran out mid-way)
-    q_token_ids: torch.Tensor  # [k', K] int64: support of each q_i
-    q_probs: torch.Tensor      # [k', K] float32
+    q_token_ids: torch.Tensor  # [k', K] int64: support of each q_i (numpy when it came over the wire)
+    q_probs: torch.Tensor      # [k', K] float32 (likewise)
     num_cached: int        # tokens now in the draft's KV (committed + d_1..d_{k'-1})
 
 

@@ -68,16 +68,14 @@ def _logprobs(m):
     return n
 
 
-def pack_ids(t: torch.Tensor) -> bytes:
-    if t.device.type == "cpu" and not t.requires_grad:  # the usual case: numpy straight away (each torch call
-        return t.numpy().astype("<i4").tobytes()         # costs microseconds, times sequences and fields)
-    return t.detach().to("cpu", torch.int32).contiguous().numpy().astype("<i4", copy=False).tobytes()
+def pack_ids(t) -> bytes:
+    """Token ids (a torch tensor or numpy array) as packed little-endian int32."""
+    return _as_numpy(t).astype("<i4", copy=False).tobytes()
 
 
-def pack_probs(t: torch.Tensor) -> bytes:
-    if t.device.type == "cpu" and not t.requires_grad and t.dtype == torch.float32:
-        return t.numpy().astype("<f4", copy=False).tobytes()
-    return t.detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4", copy=False).tobytes()
+def pack_probs(t) -> bytes:
+    """Probabilities (a torch tensor or numpy array) as packed little-endian float32."""
+    return _as_numpy(t).astype("<f4", copy=False).tobytes()
 
 
 def unpack_ids(data: bytes, rows: int, cols: int) -> torch.Tensor:
@@ -86,6 +84,19 @@ def unpack_ids(data: bytes, rows: int, cols: int) -> torch.Tensor:
 
 def unpack_probs(data: bytes, rows: int, cols: int) -> torch.Tensor:
     return torch.from_numpy(np.frombuffer(data, dtype="<f4").reshape(rows, cols).copy())
+
+
+def _as_numpy(t) -> np.ndarray:
+    if isinstance(t, np.ndarray):
+        return t
+    if t.device.type == "cpu" and not t.requires_grad:  # the usual case: numpy straight away (each torch call
+        return t.numpy()                                 # costs microseconds, times sequences and fields)
+    return t.detach().cpu().numpy()
+
+
+def _concat(arrays: list) -> np.ndarray:
+    """Several sequences' q rows as one flat array (numpy: a copy per piece, no torch call per sequence)."""
+    return np.concatenate([_as_numpy(a).reshape(-1) for a in arrays])
 
 
 def _optional(m, name):
@@ -150,13 +161,13 @@ def propose_response(results: list) -> worker_pb2.ProposeResponse:
         cached.append(r.num_cached)
         if r.token_ids:
             supports.append(r.q_token_ids.shape[1])
-            ids.append(r.q_token_ids.reshape(-1))
-            probs.append(r.q_probs.reshape(-1))
+            ids.append(r.q_token_ids)
+            probs.append(r.q_probs)
         else:
             supports.append(1)
     return worker_pb2.ProposeResponse(errors=errors, counts=counts, token_ids=tokens, supports=supports,
-                                      q_token_ids=pack_ids(torch.cat(ids)) if ids else b"",
-                                      q_probs=pack_probs(torch.cat(probs)) if probs else b"", num_cached=cached)
+                                      q_token_ids=pack_ids(_concat(ids)) if ids else b"",
+                                      q_probs=pack_probs(_concat(probs)) if probs else b"", num_cached=cached)
 
 
 def proposals(response: worker_pb2.ProposeResponse) -> list:
@@ -188,17 +199,21 @@ def _split(values: list, lengths: list[int], name: str) -> list[list]:
 
 
 def _q_rows(id_bytes: bytes, prob_bytes: bytes, counts: list[int], supports: list[int]) -> tuple[list, list]:
-    """Each sequence's q as [count, support] tensors (views into one array per field)."""
+    """Each sequence's q as [count, support] numpy views into one array per field (None where it has no rows)."""
     sizes = [c * max(s, 1) for c, s in zip(counts, supports)]
     total = sum(sizes)
     if len(id_bytes) != 4 * total or len(prob_bytes) != 4 * total:
         raise InvalidArgument(f"q must hold {total} entries of 4 bytes; got {len(id_bytes)} and {len(prob_bytes)} bytes")
-    ids = unpack_ids(id_bytes, total, 1).view(-1)
-    probs = unpack_probs(prob_bytes, total, 1).view(-1)
+    ids = np.frombuffer(id_bytes, dtype="<i4").astype(np.int64)
+    probs = np.frombuffer(prob_bytes, dtype="<f4")
     out_ids, out_probs, start = [], [], 0
     for size, count, support in zip(sizes, counts, supports):
-        out_ids.append(ids[start : start + size].view(count, max(support, 1)))
-        out_probs.append(probs[start : start + size].view(count, max(support, 1)))
+        if count:
+            out_ids.append(ids[start : start + size].reshape(count, max(support, 1)))
+            out_probs.append(probs[start : start + size].reshape(count, max(support, 1)))
+        else:
+            out_ids.append(None)
+            out_probs.append(None)
         start += size
     return out_ids, out_probs
 
@@ -239,8 +254,8 @@ def verify_request(items: list[VerifyItem], traceparents: list[str] | None = Non
     for i in items:
         if i.draft_token_ids:
             supports.append(i.q_token_ids.shape[1])
-            ids.append(i.q_token_ids.reshape(-1))
-            probs.append(i.q_probs.reshape(-1))
+            ids.append(i.q_token_ids)
+            probs.append(i.q_probs)
         else:
             supports.append(1)
     logprobs = [-1 if i.logprobs is None else i.logprobs for i in items]
@@ -250,7 +265,7 @@ def verify_request(items: list[VerifyItem], traceparents: list[str] | None = Non
         delta_lens=[len(i.delta) for i in items], delta_token_ids=[t for i in items for t in i.delta],
         draft_counts=[len(i.draft_token_ids) for i in items],
         draft_token_ids=[t for i in items for t in i.draft_token_ids], supports=supports,
-        q_token_ids=pack_ids(torch.cat(ids)) if ids else b"", q_probs=pack_probs(torch.cat(probs)) if probs else b"",
+        q_token_ids=pack_ids(_concat(ids)) if ids else b"", q_probs=pack_probs(_concat(probs)) if probs else b"",
         logprobs=logprobs if any(n >= 0 for n in logprobs) else (),
         bonus_guesses=guesses if any(g >= 0 for g in guesses) else (), traceparents=traceparents or (),
     )
@@ -275,8 +290,7 @@ def verify_items(request: worker_pb2.VerifyRequest) -> list:
         wanted = logprobs[i]
         if wanted > MAX_LOGPROBS:
             raise InvalidArgument(f"logprobs must be in [0, {MAX_LOGPROBS}], got {wanted}")
-        return VerifyItem(handles[i], request.cached_lens[i], deltas[i], drafts[i],
-                          q_ids[i] if counts[i] else None, q_probs[i] if counts[i] else None,
+        return VerifyItem(handles[i], request.cached_lens[i], deltas[i], drafts[i], q_ids[i], q_probs[i],
                           logprobs=wanted if wanted >= 0 else None, bonus_guess=guesses[i] if guesses[i] >= 0 else None)
 
     return _checked_columns(handles, decode)

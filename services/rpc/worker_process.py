@@ -84,9 +84,26 @@ def _warm_up(worker, max_k: int) -> None:
         log.warning("captured %d CUDA graphs for up to k=%d in %.1f s", captured, max_k, time.perf_counter() - started)
 
 
-async def serve_worker(role: str, model: str, host: str, port: int, lease_seconds: float = 600.0, metrics_port: int = -1,
+class RunningWorker:
+    """A worker serving gRPC, with its abandoned-sequence expiry; `stop()` ends both and frees the model."""
+
+    def __init__(self, role, service, server, address, observability, expirer):
+        self.role, self.service, self.server, self.address = role, service, server, address
+        self.observability, self.expirer = observability, expirer
+
+    async def stop(self) -> None:
+        self.expirer.cancel()
+        await self.server.stop(grace=2.0)
+        self.service.batcher.stop()
+        self.observability.close()
+        worker = getattr(self.service, "verifier", None) or getattr(self.service, "proposer", None)
+        if hasattr(worker.runner, "close"):  # a tensor-parallel replica: stop the other ranks
+            worker.runner.close()
+
+
+async def start_worker(role: str, model: str, host: str, port: int, lease_seconds: float = 600.0, metrics_port: int = -1,
                        security=None, secret: str | None = None, allow_unauthenticated: bool = False,
-                       metrics_host: str = "127.0.0.1", **model_options) -> None:
+                       metrics_host: str = "127.0.0.1", **model_options) -> RunningWorker:
     round_timeline.set_role(role)
     host = listen_host(host, secret, bool(security and security.client_ca_file), allow_unauthenticated)
     service, service_name = build_worker_service(role, model, **model_options)
@@ -96,10 +113,6 @@ async def serve_worker(role: str, model: str, host: str, port: int, lease_second
     server, bound, _ = await start_server(service.add_to, [service_name], host, port, interceptors, security=security)
     print(f"specsplit {role} listening on {host}:{bound}", flush=True)
     sys.stdout.flush()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
 
     async def expire_abandoned():
         # A coordinator that died cannot release its sequences: free any untouched for `lease_seconds`.
@@ -109,12 +122,21 @@ async def serve_worker(role: str, model: str, host: str, port: int, lease_second
             if expired and expired[0]:
                 log.warning("released %d abandoned sequences", len(expired[0]))
 
-    expirer = asyncio.create_task(expire_abandoned())
+    return RunningWorker(role, service, server, f"{host}:{bound}", observability,
+                         asyncio.create_task(expire_abandoned()))
+
+
+async def serve_worker(role: str, model: str, host: str, port: int, lease_seconds: float = 600.0, metrics_port: int = -1,
+                       **options) -> None:
+    worker = await start_worker(role, model, host, port, lease_seconds, metrics_port, **options)
+    await until_stopped()
+    await worker.stop()
+
+
+async def until_stopped() -> None:
+    """Return on SIGINT or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    expirer.cancel()
-    await server.stop(grace=2.0)
-    service.batcher.stop()
-    observability.close()
-    worker = getattr(service, "verifier", None) or getattr(service, "proposer", None)
-    if hasattr(worker.runner, "close"):  # a tensor-parallel replica: stop the other ranks
-        worker.runner.close()

@@ -43,8 +43,8 @@ class VerifyItem:
     cached_len: int
     delta: list[int]
     draft_token_ids: list[int] = field(default_factory=list)
-    q_token_ids: torch.Tensor | None = None  # [k, K] int64
-    q_probs: torch.Tensor | None = None      # [k, K] float32
+    q_token_ids: torch.Tensor | np.ndarray | None = None  # [k, K] int64
+    q_probs: torch.Tensor | np.ndarray | None = None      # [k, K] float32
     logprobs: int | None = None
     bonus_guess: int | None = None           # the draft's guess of the bonus token (overlapped rounds); read only by
                                              # the synthetic-acceptance benchmark mode, whose coin decides if it is right
@@ -281,8 +281,8 @@ def _stack_q(items: list[VerifyItem], vocab: int | None = None) -> StackedQ | No
         k = len(item.draft_token_ids)
         if k:
             width = item.q_token_ids.shape[1]
-            ids[b, :k, :width] = item.q_token_ids.numpy()
-            probs[b, :k, :width] = item.q_probs.numpy()
+            ids[b, :k, :width] = np.asarray(item.q_token_ids)  # torch (in process) or numpy (from the wire)
+            probs[b, :k, :width] = np.asarray(item.q_probs)
     valid = (ids >= 0).all(axis=(1, 2)) & np.isfinite(probs).all(axis=(1, 2)) & (probs >= 0).all(axis=(1, 2))
     if vocab is not None:
         valid &= (ids < vocab).all(axis=(1, 2))
