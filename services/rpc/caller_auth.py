@@ -48,9 +48,9 @@ class SecretCheckInterceptor(grpc.aio.ServerInterceptor):
         # One refusal per handler kind, built once: (request streaming, response streaming) -> handler.
         self._refusals = {
             (False, False): grpc.unary_unary_rpc_method_handler(self._refuse),
-            (False, True): grpc.unary_stream_rpc_method_handler(self._refuse),
+            (False, True): grpc.unary_stream_rpc_method_handler(self._refuse_streaming),
             (True, False): grpc.stream_unary_rpc_method_handler(self._refuse),
-            (True, True): grpc.stream_stream_rpc_method_handler(self._refuse),
+            (True, True): grpc.stream_stream_rpc_method_handler(self._refuse_streaming),
         }
 
     async def intercept_service(self, continuation, handler_call_details):
@@ -62,10 +62,14 @@ class SecretCheckInterceptor(grpc.aio.ServerInterceptor):
         return self._refusals[(bool(handler.request_streaming), bool(handler.response_streaming))]
 
     async def _refuse(self, request_or_requests, context):
-        # A coroutine for every kind: gRPC awaits it (the reader/writer form for streaming responses), and it never
-        # iterates a request stream, so an unauthenticated caller cannot make the server read its messages.
+        # It never iterates a request stream: an unauthenticated caller cannot make the server read its messages.
         await self.check.refuse(peer_address(context.peer()))
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, self._message)
+
+    async def _refuse_streaming(self, request_or_requests, context):
+        # An async generator, as the streaming methods it stands for are (for any interceptor outside this one).
+        await self._refuse(request_or_requests, context)
+        yield  # never reached: the refusal aborts the call
 
 
 def metadata_value(metadata, key: str) -> str:

@@ -4,8 +4,8 @@ line, not UNKNOWN and a traceback per call (gRPC's own handling when a deseriali
 Every method is covered, whatever its kind: the interceptor swaps its deserializer for one that returns a marker
 instead of raising. A unary request that is a marker is refused before the servicer sees it. A streaming method
 reads its requests through an iterator that ends the call with INVALID_ARGUMENT at the first marker; it reads each
-message as gRPC's own iterator does (no extra step per message), and the responses go out as gRPC would send them
-(`context.write`). The wrapped handlers are built once per method, not per call.
+message as gRPC's own iterator does (no extra step per message). The wrapped handlers are built once per method,
+not per call.
 """
 
 import inspect
@@ -59,15 +59,6 @@ class _Requests:
         return request
 
 
-async def _send(responses, context) -> None:
-    """A streaming method's responses: an async generator's items, or a reader/writer method's own writes."""
-    if hasattr(responses, "__aiter__"):
-        async for response in responses:
-            await context.write(response)
-    else:
-        await responses
-
-
 def _is_async(behaviour) -> bool:
     return inspect.iscoroutinefunction(behaviour) or inspect.isasyncgenfunction(behaviour)
 
@@ -87,16 +78,29 @@ def guarded_handler(method: str, handler):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _refuse(method, request))
         return await behaviour(request, context)
 
-    async def unary_stream(request, context):
-        if type(request) is _Malformed:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _refuse(method, request))
-        await _send(behaviour(request, context), context)
+    # A streaming response keeps the method's own form (an async generator, or a coroutine that writes), so that
+    # interceptors outside this one see what the servicer wrote.
+    if inspect.isasyncgenfunction(behaviour):
+        async def unary_stream(request, context):
+            if type(request) is _Malformed:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _refuse(method, request))
+            async for response in behaviour(request, context):
+                yield response
+
+        async def stream_stream(requests, context):
+            async for response in behaviour(_Requests(context, method), context):
+                yield response
+    else:
+        async def unary_stream(request, context):
+            if type(request) is _Malformed:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, _refuse(method, request))
+            await behaviour(request, context)
+
+        async def stream_stream(requests, context):
+            await behaviour(_Requests(context, method), context)
 
     async def stream_unary(requests, context):
         return await behaviour(_Requests(context, method), context)
-
-    async def stream_stream(requests, context):
-        await _send(behaviour(_Requests(context, method), context), context)
 
     make, wrapper = {
         (False, False): (grpc.unary_unary_rpc_method_handler, unary_unary),
