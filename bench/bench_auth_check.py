@@ -31,7 +31,8 @@ from bench_common import print_table, write_results  # noqa: E402
 from specsplit.proto.v1 import worker_pb2  # noqa: E402
 from specsplit.services.rpc.malformed_requests import MalformedRequestInterceptor  # noqa: E402
 from specsplit.services.rpc.server import SERVER_OPTIONS  # noqa: E402
-from specsplit.services.rpc.worker_credentials import WORKER_SECRET_HEADER, worker_call_metadata, worker_secret_interceptor  # noqa: E402
+from specsplit.services.rpc.worker_credentials import (  # noqa: E402
+    WORKER_SECRET_HEADER, worker_call_metadata, worker_secret_interceptor)
 
 SECRET = "a-worker-secret-of-the-usual-length-0123456789abcdef"
 SERVICE = "bench.Echo"
@@ -95,8 +96,9 @@ async def _unary_us(channel, calls: int) -> float:
 
 
 async def _stream_msg_us(channel, messages: int) -> float:
-    call = channel.stream_stream(f"/{SERVICE}/Stream", request_serializer=worker_pb2.ReleaseRequest.SerializeToString,
-                                 response_deserializer=worker_pb2.ReleaseResponse.FromString)(metadata=worker_call_metadata(SECRET))
+    open_stream = channel.stream_stream(f"/{SERVICE}/Stream", request_serializer=worker_pb2.ReleaseRequest.SerializeToString,
+                                        response_deserializer=worker_pb2.ReleaseResponse.FromString)
+    call = open_stream(metadata=worker_call_metadata(SECRET))
     request = worker_pb2.ReleaseRequest(handles=["h"])
     await call.write(request)
     await call.read()  # the stream is open (and checked) before the clock starts

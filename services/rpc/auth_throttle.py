@@ -18,8 +18,10 @@ UNAUTHENTICATED answer:
 - once per LOG_WINDOW_SECONDS, when there were failures, one log line says how many came from which addresses.
 
 The wait is an asyncio sleep: it holds no thread, and calls with valid credentials on the same connection pass it.
-With secrets of 128 bits or more guessing is hopeless at any rate; what this bounds is the work and the log lines
-a client with a stale token, or a hostile one, costs.
+Every call's credentials are compared (a valid one has to be recognised to be served at once), so what is bounded
+per address is the answers to failures, not the comparisons (a few hundred nanoseconds each). With secrets of 128
+bits or more guessing is hopeless at any rate; what this bounds is the work and the log lines a client with a
+stale token, or a hostile one, costs.
 """
 
 import asyncio
@@ -68,7 +70,8 @@ class FailureThrottle:
         self.half_life, self.free_failures = half_life, free_failures
         self.first_delay, self.max_delay = first_delay, max_delay
         self.answer_spacing = 1.0 / max_answers_per_second
-        self.max_waiting_per_address, self.max_waiting, self.max_addresses = max_waiting_per_address, max_waiting, max_addresses
+        self.max_waiting_per_address, self.max_waiting = max_waiting_per_address, max_waiting
+        self.max_addresses = max_addresses
         self.log_window, self.clock = log_window, clock
         self.waiting = 0  # failures waiting now, all addresses together
         self._addresses: dict[str, _Address] = {}  # least recently failed first

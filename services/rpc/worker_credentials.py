@@ -2,9 +2,9 @@
 
 - A worker given a shared secret (`--worker-secret-file`, or $SPECSPLIT_WORKER_SECRET) refuses every call that
   does not carry it (metadata `x-specsplit-worker-secret`), on every method, streams included, with
-  UNAUTHENTICATED before reading a request message (failures are slowed per address, auth_throttle.py); `specsplit serve` and the Helm
-  chart generate one and hand it to the workers and the coordinator through the environment or a mounted Secret,
-  never on a command line (where `ps` shows it). Mutual TLS (`--tls-client-ca`) admits callers the same way.
+  UNAUTHENTICATED before reading a request message (failures are slowed per address, auth_throttle.py).
+  `specsplit serve` and the Helm chart generate one and hand it to the workers and the coordinator through the
+  environment or a mounted Secret, never on a command line (where `ps` shows it). Mutual TLS (`--tls-client-ca`) admits callers the same way.
 - A worker with neither listens on 127.0.0.1 only, whatever `--host` says, and logs so (`--allow-unauthenticated`
   opens it anyway, for a network that is itself private).
 - Sequence handles are bound to the coordinator that created them: each coordinator process sends a random id
