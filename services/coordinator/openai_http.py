@@ -6,11 +6,11 @@
 Each request goes through the same path as the gRPC API: JSON -> GenerationRequest (openai_messages.py) ->
 `Coordinator.stream` -> JSON. Nothing about speculation lives here. A client that disconnects cancels its handler
 (aiohttp's handler cancellation); leaving the coordinator's stream then aborts the request, which releases its KV
-on the draft and target replicas. Bearer tokens and TLS are the gRPC API's settings.
+on the draft and target replicas. Bearer tokens and TLS are the gRPC API's settings, and the two APIs share one
+throttle of failed tokens (a valid token is always served; services/rpc/auth_throttle.py).
 """
 
 import asyncio
-import hmac
 import json
 import logging
 import ssl
@@ -22,6 +22,7 @@ from specsplit.services.coordinator import openai_messages as om
 from specsplit.services.coordinator.coordinator import Coordinator
 from specsplit.services.coordinator.generation import GenerationRequest, GenerationResult
 from specsplit.services.errors import InvalidArgument, ResourceExhausted, SpecsplitError, Unavailable
+from specsplit.services.rpc.caller_auth import SecretCheck
 from specsplit.services.tokenization import encode_for_request
 
 log = logging.getLogger(__name__)
@@ -54,10 +55,13 @@ def error_response(error: Exception) -> web.Response:
 
 
 class OpenAIHTTPServer:
-    def __init__(self, coordinator: Coordinator, model: str, auth_tokens: list[str] | None = None, security=None):
+    def __init__(self, coordinator: Coordinator, model: str, auth_tokens: SecretCheck | list[str] | None = None,
+                 security=None):
         self.coordinator = coordinator
         self.model = model
-        self._tokens = [t.encode() for t in auth_tokens or []]
+        if isinstance(auth_tokens, list):  # else the gRPC API's SecretCheck (one throttle for both), or None
+            auth_tokens = SecretCheck(auth_tokens) if auth_tokens else None
+        self._tokens = auth_tokens
         self.security = security  # a ServerSecurity (TLS, optionally mutual), or None for plain HTTP
         self.created = int(time.time())
         self._runner: web.AppRunner | None = None
@@ -122,10 +126,11 @@ class OpenAIHTTPServer:
 
     @web.middleware
     async def _authenticate(self, request, handler):
-        if self._tokens and request.path not in OPEN_PATHS:
+        if self._tokens is not None and request.path not in OPEN_PATHS:
             header = request.headers.get("Authorization", "")
             presented = header[7:].strip().encode() if header.lower().startswith("bearer ") else b""
-            if not (presented and any(hmac.compare_digest(presented, t) for t in self._tokens)):
+            if not self._tokens.valid(presented):
+                await self._tokens.refuse(request.remote or "?")  # slowed per address; valid tokens never wait
                 body = om.error_json("missing or invalid bearer token", "authentication_error", "invalid_api_key")
                 return web.json_response(body, status=401, headers={"WWW-Authenticate": "Bearer"})
         return await handler(request)

@@ -8,6 +8,7 @@ from specsplit.services.coordinator.grpc_clients import GrpcDraftClient, GrpcTar
 from specsplit.services.coordinator.replica_pools import ReplicaPool
 from specsplit.services.coordinator.server import GenerationService
 from specsplit.services.errors import InvalidArgument
+from specsplit.services.rpc.caller_auth import SecretCheck
 from specsplit.services.rpc.security import BearerTokenInterceptor
 from specsplit.services.rpc.server import start_server
 from specsplit.services.rpc.worker_process import until_stopped
@@ -107,13 +108,14 @@ async def start_coordinator(
         _, watching = await start_draft_variants_watcher(draft_variants_file, coordinator, connect_timeout, worker_security)
     service = GenerationService(coordinator, variant_stats=observability.canary.to_pb)
     interceptors = list(observability.interceptors)
-    if auth_tokens:
-        interceptors.insert(0, BearerTokenInterceptor(auth_tokens))
+    tokens = SecretCheck(auth_tokens) if auth_tokens else None  # one failure throttle for the gRPC and HTTP APIs
+    if tokens is not None:
+        interceptors.insert(0, BearerTokenInterceptor(tokens))
     http = None
     if http_port >= 0:  # the OpenAI-compatible API, on this event loop, with the gRPC API's tokens and TLS
         from specsplit.services.coordinator.openai_http import OpenAIHTTPServer
 
-        http = OpenAIHTTPServer(coordinator, first.model, auth_tokens, security)
+        http = OpenAIHTTPServer(coordinator, first.model, tokens, security)
         try:
             bound_http = await http.start(host, http_port)
         except OSError as error:  # a busy port costs the HTTP API, not the gRPC one (as for metrics)

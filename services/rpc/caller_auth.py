@@ -1,77 +1,86 @@
 """Checking a secret every call must carry: the public API's bearer tokens and the workers' shared secret.
 
-Both compare the presented bytes exactly and in constant time (hmac.compare_digest) and throttle peers that keep
-failing (auth_throttle.py). Health checking and reflection stay open, for probes. The check runs inside the
-method's handler, where the caller's address is known.
+Every method of a guarded server is checked, whatever its kind (unary or streaming, either way) and whenever it was
+added: the check needs only the call's metadata, which gRPC hands the interceptor before the method runs. A call
+with a valid secret gets the method's own handler back, untouched, so a long-lived stream pays the check once when
+it opens and nothing per message. Any other call gets a refusal of the same kind that reads no request message
+(gRPC has received a unary call's bytes already; they are not parsed), waits as long as the failure throttle says
+(auth_throttle.py) and ends with UNAUTHENTICATED. Health checking and reflection stay open, for probes.
+
+Secrets are compared exactly and in constant time (hmac.compare_digest, against every secret).
 """
 
 import hmac
-import logging
 
 import grpc
 
 from specsplit.services.rpc.auth_throttle import FailureThrottle, peer_address
 
-log = logging.getLogger(__name__)
-
 OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 
 
-class SecretCheckInterceptor(grpc.aio.ServerInterceptor):
-    """Refuse calls whose `presented(metadata)` matches none of `secrets` with UNAUTHENTICATED; a peer past its
-    failure budget gets RESOURCE_EXHAUSTED until its lock-out ends."""
+class SecretCheck:
+    """The secrets a caller may present, and the throttle of the callers that present something else. One instance
+    can guard several front doors (the gRPC and HTTP APIs of one coordinator), so that they share the throttle."""
 
-    def __init__(self, secrets: list[bytes], presented, message: str, throttle: FailureThrottle | None = None):
-        self._secrets = list(secrets)
-        self._presented = presented  # metadata dict -> bytes (b"" when absent)
-        self._message = message
+    def __init__(self, secrets: list[str | bytes], throttle: FailureThrottle | None = None):
+        self._secrets = [s.encode() if isinstance(s, str) else bytes(s) for s in secrets]
         self.throttle = throttle or FailureThrottle()
 
-    def _valid(self, metadata) -> bool:
-        presented = self._presented(dict(metadata or ()))
+    def valid(self, presented: bytes) -> bool:
         ok = False
         for secret in self._secrets:  # every secret is compared: the time taken says nothing about which matched
             ok |= hmac.compare_digest(presented, secret)
         return ok and bool(presented)
 
-    async def _admit(self, context) -> None:
-        peer = peer_address(context.peer())
-        wait = self.throttle.locked_for(peer)
-        if wait > 0:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"too many failed authentication attempts from this address; retry in {wait:.0f} s")
-        if self._valid(context.invocation_metadata()):
-            self.throttle.succeeded(peer)
-            return
-        self.throttle.failed(peer)
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, self._message)
+    async def refuse(self, address: str) -> None:
+        """A failure from `address`: wait as long as the throttle says (valid callers never come here)."""
+        await self.throttle.slow_down(address)
+
+
+class SecretCheckInterceptor(grpc.aio.ServerInterceptor):
+    """Hand calls whose `presented(metadata)` is valid to their method; refuse the others with UNAUTHENTICATED."""
+
+    def __init__(self, check: SecretCheck, presented, message: str):
+        self.check = check
+        self._presented = presented  # the call's metadata (a tuple of pairs) -> bytes (b"" when absent)
+        self._message = message
+        # One refusal per handler kind, built once: (request streaming, response streaming) -> handler.
+        self._refusals = {
+            (False, False): grpc.unary_unary_rpc_method_handler(self._refuse),
+            (False, True): grpc.unary_stream_rpc_method_handler(self._refuse_streaming),
+            (True, False): grpc.stream_unary_rpc_method_handler(self._refuse),
+            (True, True): grpc.stream_stream_rpc_method_handler(self._refuse_streaming),
+        }
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
-        if handler is None or handler_call_details.method.startswith(OPEN_SERVICES) or handler.request_streaming:
+        if handler is None or handler_call_details.method.startswith(OPEN_SERVICES):
             return handler
-        admit = self._admit
-        if handler.response_streaming:
-            inner = handler.unary_stream
+        if self.check.valid(self._presented(handler_call_details.invocation_metadata or ())):
+            return handler
+        return self._refusals[(bool(handler.request_streaming), bool(handler.response_streaming))]
 
-            async def unary_stream(request, context):
-                await admit(context)
-                async for response in inner(request, context):
-                    yield response
+    async def _refuse(self, request_or_requests, context):
+        # It never iterates a request stream: an unauthenticated caller cannot make the server read its messages.
+        await self.check.refuse(peer_address(context.peer()))
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, self._message)
 
-            return grpc.unary_stream_rpc_method_handler(unary_stream, request_deserializer=handler.request_deserializer,
-                                                        response_serializer=handler.response_serializer)
-        inner = handler.unary_unary
-
-        async def unary_unary(request, context):
-            await admit(context)
-            return await inner(request, context)
-
-        return grpc.unary_unary_rpc_method_handler(unary_unary, request_deserializer=handler.request_deserializer,
-                                                   response_serializer=handler.response_serializer)
+    async def _refuse_streaming(self, request_or_requests, context):
+        # An async generator, as the streaming methods it stands for are (for any interceptor outside this one).
+        await self._refuse(request_or_requests, context)
+        yield  # never reached: the refusal aborts the call
 
 
-def bearer_token(metadata: dict) -> bytes:
+def metadata_value(metadata, key: str) -> str:
+    """The first value of `key` in a call's metadata ("" when absent)."""
+    for k, v in metadata:
+        if k == key:
+            return v if isinstance(v, str) else ""
+    return ""
+
+
+def bearer_token(metadata) -> bytes:
     """`authorization: Bearer TOKEN`, the scheme written exactly so (as every client sends it)."""
-    header = metadata.get("authorization", "")
-    return header[7:].encode() if isinstance(header, str) and header.startswith("Bearer ") else b""
+    header = metadata_value(metadata, "authorization")
+    return header[7:].encode() if header.startswith("Bearer ") else b""

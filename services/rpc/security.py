@@ -4,9 +4,10 @@
   certificates signed by that CA (mutual TLS), which is how workers admit only coordinators.
 - The coordinator dials workers with `--worker-tls-ca` (and a client certificate for mutual TLS); workers behind a
   headless Service are dialled by pod IP, so the name checked in their certificate is set apart from the address.
-- The public API can require `authorization: Bearer TOKEN` (tokens from a file, one per line). Tokens are compared
-  exactly, in constant time, and never logged; peers that keep failing are throttled (auth_throttle.py); health
-  checking and reflection stay open for probes.
+- The public API can require `authorization: Bearer TOKEN` (tokens from a file, one per line) on every method.
+  Tokens are compared exactly, in constant time, and never logged; a valid token is always served, and failures
+  are slowed per address (auth_throttle.py), shared with the HTTP API; health checking and reflection stay open
+  for probes.
 - Workers require a shared secret on every call (worker_credentials.py) unless mutual TLS admits their callers.
 """
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import grpc
 
-from specsplit.services.rpc.caller_auth import OPEN_SERVICES, SecretCheckInterceptor, bearer_token
+from specsplit.services.rpc.caller_auth import OPEN_SERVICES, SecretCheck, SecretCheckInterceptor, bearer_token
 
 PUBLIC_OPEN_SERVICES = OPEN_SERVICES
 
@@ -74,10 +75,12 @@ def read_tokens(path: str) -> list[str]:
 
 class BearerTokenInterceptor(SecretCheckInterceptor):
     """Refuse calls without a valid bearer token with UNAUTHENTICATED (health and reflection stay open); the token is
-    compared exactly (case-sensitive, scheme `Bearer`), in constant time, and peers that keep failing are throttled."""
+    compared exactly (case-sensitive, scheme `Bearer`), in constant time; failures are slowed per address.
+    `tokens`: the tokens, or a SecretCheck shared with the HTTP API."""
 
-    def __init__(self, tokens: list[str]):
-        super().__init__([t.encode() for t in tokens], bearer_token, "missing or invalid bearer token")
+    def __init__(self, tokens: list[str] | SecretCheck):
+        check = tokens if isinstance(tokens, SecretCheck) else SecretCheck(tokens)
+        super().__init__(check, bearer_token, "missing or invalid bearer token")
 
 
 def add_server_tls_args(p) -> None:

@@ -1,9 +1,10 @@
 """Who may call a worker, and whose sequences a call may touch.
 
 - A worker given a shared secret (`--worker-secret-file`, or $SPECSPLIT_WORKER_SECRET) refuses every call that
-  does not carry it (metadata `x-specsplit-worker-secret`) with UNAUTHENTICATED; `specsplit serve` and the Helm
-  chart generate one and hand it to the workers and the coordinator through the environment or a mounted Secret,
-  never on a command line (where `ps` shows it). Mutual TLS (`--tls-client-ca`) admits callers the same way.
+  does not carry it (metadata `x-specsplit-worker-secret`), on every method, streams included, with
+  UNAUTHENTICATED before reading a request message (failures are slowed per address, auth_throttle.py).
+  `specsplit serve` and the Helm chart generate one and hand it to the workers and the coordinator through the
+  environment or a mounted Secret, never on a command line (where `ps` shows it). Mutual TLS (`--tls-client-ca`) admits callers the same way.
 - A worker with neither listens on 127.0.0.1 only, whatever `--host` says, and logs so (`--allow-unauthenticated`
   opens it anyway, for a network that is itself private).
 - Sequence handles are bound to the coordinator that created them: each coordinator process sends a random id
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from specsplit.services.errors import InvalidArgument
 from specsplit.services.request_limits import check_string
-from specsplit.services.rpc.caller_auth import SecretCheckInterceptor
+from specsplit.services.rpc.caller_auth import SecretCheck, SecretCheckInterceptor, metadata_value
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +50,12 @@ def load_worker_secret(path: str | None = None) -> str | None:
 
 
 def worker_secret_interceptor(secret: str) -> SecretCheckInterceptor:
-    return SecretCheckInterceptor([secret.encode()], lambda metadata: str(metadata.get(WORKER_SECRET_HEADER, "")).encode(),
-                                  "missing or invalid worker secret")
+    """Every worker method, unary or streaming, present or added later, checks the secret (caller_auth.py)."""
+    return SecretCheckInterceptor(SecretCheck([secret]), presented_worker_secret, "missing or invalid worker secret")
+
+
+def presented_worker_secret(metadata) -> bytes:
+    return metadata_value(metadata, WORKER_SECRET_HEADER).encode()
 
 
 def worker_call_metadata(secret: str | None) -> tuple:

@@ -133,12 +133,20 @@ def test_workers_require_a_client_certificate_from_the_ca(secure_cluster, pki):
         channel = grpc.secure_channel(secure_cluster["target"], credentials, options=[("grpc.ssl_target_name_override", "localhost")])
         return worker_pb2_grpc.TargetWorkerStub(channel).Describe(worker_pb2.DescribeRequest(), timeout=10)
 
+    def verify_stream(credentials):  # the coordinator's round transport: a stream, refused at the handshake too
+        channel = grpc.secure_channel(secure_cluster["target"], credentials, options=[("grpc.ssl_target_name_override", "localhost")])
+        return list(worker_pb2_grpc.TargetWorkerStub(channel).VerifyStream(iter([worker_pb2.VerifyRequest()]), timeout=10))
+
     assert _code(lambda: describe(grpc.ssl_channel_credentials(ca))) == grpc.StatusCode.UNAVAILABLE
+    assert _code(lambda: verify_stream(grpc.ssl_channel_credentials(ca))) == grpc.StatusCode.UNAVAILABLE
     rogue_cert, rogue_key = pki["rogue"]
     rogue = grpc.ssl_channel_credentials(ca, open(rogue_key, "rb").read(), open(rogue_cert, "rb").read())
     assert _code(lambda: describe(rogue)) == grpc.StatusCode.UNAVAILABLE
+    assert _code(lambda: verify_stream(rogue)) == grpc.StatusCode.UNAVAILABLE
     good_cert, good_key = pki["client"]
-    assert describe(grpc.ssl_channel_credentials(ca, open(good_key, "rb").read(), open(good_cert, "rb").read())).role == "target"
+    good = grpc.ssl_channel_credentials(ca, open(good_key, "rb").read(), open(good_cert, "rb").read())
+    assert describe(good).role == "target"
+    assert len(verify_stream(good)) == 1
     with grpc.insecure_channel(secure_cluster["target"]) as plain:
         assert _code(lambda: worker_pb2_grpc.TargetWorkerStub(plain).Describe(worker_pb2.DescribeRequest(), timeout=10)) == grpc.StatusCode.UNAVAILABLE
 

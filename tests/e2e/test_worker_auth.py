@@ -1,19 +1,25 @@
-"""The worker API trusts no one by default, with real processes: a worker given a secret refuses calls without it
-(UNAUTHENTICATED, health stays open), `specsplit serve` generates one and passes it through the environment (never
-argv), a worker with no credentials listens on loopback only and says so, sequence handles are bound to the
-coordinator that created them, and repeated bad secrets are throttled."""
+"""The worker API trusts no one by default, with real processes: a worker given a secret refuses every method
+without it, unary and streaming, before reading a request (UNAUTHENTICATED, health stays open; the methods are
+walked from the generated descriptors, so a method added later is tried too), `specsplit serve` generates one and
+passes it through the environment (never argv), a worker with no credentials listens on loopback only and says so,
+sequence handles are bound to the coordinator that created them, bad secrets are slowed without ever refusing the
+right one, and bytes that are no message end any method, streams included, with INVALID_ARGUMENT and one log line."""
 
+import importlib
 import os
+import pkgutil
 import socket
 import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+import specsplit.proto.v1
 from specsplit.client import Client
 from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
 from specsplit.services.rpc import worker_messages as msg
@@ -28,22 +34,30 @@ WORKER_SECRET_HEADER = "x-specsplit-worker-secret"
 COORDINATOR_ID_HEADER = "x-specsplit-coordinator"
 
 SECRET = "worker-secret-for-tests-0c4e9a7d"
+# Every gRPC service in the protos, and which process of the `guarded` fixture serves it behind the workers' secret.
+# The public API has bearer tokens of its own (test_security.py, test_public_auth_throttle.py).
+WORKER_SERVICES = {"specsplit.v1.DraftWorker": "draft", "specsplit.v1.TargetWorker": "target"}
+PUBLIC_SERVICES = {"specsplit.v1.Generation"}
+GARBAGE = b"\xff\xff\xff\xff\x0f\x12\x99" + b"\x00" * 64
 
 
 @pytest.fixture(scope="module")
 def guarded(tiny_pair, tmp_path_factory):
     env = {**os.environ, WORKER_SECRET_ENV: SECRET}
     model = ["--dtype", "float64", "--metrics-port", "-1", "--num-kv-blocks", "128", "--host", "127.0.0.1", "--port", "0"]
+    logs = tmp_path_factory.mktemp("worker-auth")
     processes = []
     try:
-        target, target_addr = spawn_service(["target", "--model", str(tiny_pair["target"]), *model], env)
-        processes.append(target)
-        draft, draft_addr = spawn_service(["draft", "--model", str(tiny_pair["close"]), *model], env)
-        processes.append(draft)
+        with open(logs / "target.log", "w") as target_log, open(logs / "draft.log", "w") as draft_log:
+            target, target_addr = spawn_service(["target", "--model", str(tiny_pair["target"]), *model], env, target_log)
+            processes.append(target)
+            draft, draft_addr = spawn_service(["draft", "--model", str(tiny_pair["close"]), *model], env, draft_log)
+            processes.append(draft)
         coordinator, address = spawn_service(["coordinator", "--target", target_addr, "--draft", draft_addr, "--host",
                                               "127.0.0.1", "--port", "0", "--metrics-port", "-1"], env)
         processes.append(coordinator)
-        yield {"coordinator": address, "target": target_addr, "draft": draft_addr, "tiny": tiny_pair}
+        yield {"coordinator": address, "target": target_addr, "draft": draft_addr, "tiny": tiny_pair,
+               "logs": {"target": logs / "target.log", "draft": logs / "draft.log"}}
     finally:
         for p in processes:
             p.terminate()
@@ -120,20 +134,103 @@ def test_handles_are_bound_to_the_coordinator_that_created_them(guarded):
         assert stub.Release(worker_pb2.ReleaseRequest(handles=["shared-name"]), timeout=30, metadata=as_coordinator("alice")).released == 1
 
 
-def test_repeated_bad_secrets_are_throttled(guarded):
+def _all_services() -> dict:
+    """Every service of every generated proto module: full name -> ServiceDescriptor."""
+    services = {}
+    for module in pkgutil.iter_modules(specsplit.proto.v1.__path__):
+        if module.name.endswith("_pb2"):
+            descriptor = importlib.import_module(f"specsplit.proto.v1.{module.name}").DESCRIPTOR
+            services.update({s.full_name: s for s in descriptor.services_by_name.values()})
+    return services
+
+
+def _raw_call(channel, method, messages, metadata):
+    """Call `method` (a MethodDescriptor) with raw `messages` (an iterable for a streaming request, else its one
+    message); returns the status code."""
+    path = f"/{method.containing_service.full_name}/{method.name}"
+    kind = {(False, False): channel.unary_unary, (False, True): channel.unary_stream,
+            (True, False): channel.stream_unary, (True, True): channel.stream_stream}
+    call = kind[(method.client_streaming, method.server_streaming)](path, request_serializer=None, response_deserializer=None)
+    try:
+        answer = call(messages, timeout=60, metadata=metadata)
+        if method.server_streaming:
+            list(answer)
+    except grpc.RpcError as error:
+        return error.code()
+    return grpc.StatusCode.OK
+
+
+def test_every_method_of_every_worker_service_checks_the_secret(guarded):
+    """Walked from the descriptors: each method of each worker service, unary or streaming, refuses a call without
+    the secret and one with a wrong secret (a stream before its first message: the test's stream never sends one),
+    serves the right secret, and refuses bytes that are no message with INVALID_ARGUMENT and one log line."""
+    services = _all_services()
+    assert set(services) == set(WORKER_SERVICES) | PUBLIC_SERVICES, "a new service: say above who serves it and how it is guarded"
+    methods = [(m, guarded[WORKER_SERVICES[name]]) for name in WORKER_SERVICES for m in services[name].methods]
+    assert {m.name for m, _ in methods} >= {"Propose", "ProposeStream", "Verify", "VerifyStream", "Describe"}
+    assert any(m.client_streaming for m, _ in methods)
+    released = threading.Event()  # holds the refused streams' first messages back until every refusal is in
+
+    def held_back():
+        released.wait(60)
+        yield b""
+
+    def refused(method, address, metadata):
+        with grpc.insecure_channel(address) as channel:
+            return _raw_call(channel, method, held_back() if method.client_streaming else b"", metadata)
+
+    attempts = [(m, a, md) for m, a in methods for md in ((), ((WORKER_SECRET_HEADER, "wrong-secret-0123456789abc"),))]
+    with ThreadPoolExecutor(len(attempts)) as pool:  # side by side: the failures' delays overlap
+        codes = list(pool.map(lambda attempt: refused(*attempt), attempts))
+    released.set()
+    assert [(m.full_name, c) for (m, _, _), c in zip(attempts, codes)] == \
+           [(m.full_name, grpc.StatusCode.UNAUTHENTICATED) for m, _, _ in attempts]
+
+    right = ((WORKER_SECRET_HEADER, SECRET),)
+    lines_before = {role: _refusal_lines(guarded["logs"][role]) for role in WORKER_SERVICES.values()}
+    for method, address in methods:
+        with grpc.insecure_channel(address) as channel:
+            # An empty message is a valid request of every type; on a stream, one and then the end of the stream.
+            served = _raw_call(channel, method, iter([b""]) if method.client_streaming else b"", right)
+            assert served == grpc.StatusCode.OK, method.full_name
+            bad = iter([b"", GARBAGE, b""]) if method.client_streaming else GARBAGE
+            assert _raw_call(channel, method, bad, right) == grpc.StatusCode.INVALID_ARGUMENT, method.full_name
+    time.sleep(0.5)  # the workers' last log lines
+    for role in WORKER_SERVICES.values():
+        lines = _refusal_lines(guarded["logs"][role])[len(lines_before[role]):]
+        served_here = [m for m, a in methods if a == guarded[role]]
+        assert len(lines) == len(served_here), lines  # one line per refused call
+        assert "Traceback" not in guarded["logs"][role].read_text()
+
+
+def _refusal_lines(log) -> list[str]:
+    return [line for line in log.read_text().splitlines() if "not a valid request message" in line]
+
+
+def test_bad_secrets_are_slowed_and_never_lock_out_the_right_one(guarded):
+    """The address that keeps sending wrong secrets is this one, and so is the right caller's: the wrong ones wait
+    (0.1 s doubling to 2 s after 3, at most 20 answers a second), the right one is served at once throughout."""
     draft = guarded["draft"]
 
     def describe(secret):
+        started = time.monotonic()
         with grpc.insecure_channel(draft) as channel:
             stub = worker_pb2_grpc.DraftWorkerStub(channel)
-            return stub.Describe(worker_pb2.DescribeRequest(), timeout=10, metadata=((WORKER_SECRET_HEADER, secret),))
+            code = _code(lambda: stub.Describe(worker_pb2.DescribeRequest(), timeout=60,
+                                               metadata=((WORKER_SECRET_HEADER, secret),)))
+        return code, time.monotonic() - started
 
-    codes = [_code(lambda: describe(f"guess-{i:04d}-padding-to-16")) for i in range(12)]
-    assert codes[:10] == [grpc.StatusCode.UNAUTHENTICATED] * 10
-    assert codes[10:] == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 2  # locked out: guesses are not even checked
-    assert _code(lambda: describe(SECRET)) == grpc.StatusCode.RESOURCE_EXHAUSTED
-    time.sleep(1.2)  # the first lock-out lasts 1 s
-    assert describe(SECRET).role == "draft"
+    with ThreadPoolExecutor(12) as pool:
+        wrong = [pool.submit(describe, f"guess-{i:04d}-padding-to-16") for i in range(12)]
+        right = []
+        for _ in range(6):  # while the wrong ones wait
+            right.append(describe(SECRET))
+            time.sleep(0.1)
+        wrong = [w.result() for w in wrong]
+    assert [code for code, _ in wrong] == [grpc.StatusCode.UNAUTHENTICATED] * 12
+    assert max(seconds for _, seconds in wrong) >= 1.5  # the 12th failure in a row waits 2 s
+    assert [code for code, _ in right] == [grpc.StatusCode.OK] * 6
+    assert max(seconds for _, seconds in right) < 1.0, right  # far below the wait of the failures beside it
 
 
 def _non_loopback_ip() -> str | None:
