@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from cluster import Cluster, scrape
+from dashboard_queries import missing, named_metrics
 from otlp_collector import OtlpCollector
 from specsplit.client import Client
 from specsplit.services.coordinator import public_messages as pm
@@ -189,6 +190,18 @@ def test_http_requests_carry_the_callers_trace_context(observed):
     for request in requests_of(spans):
         assert request.parent_span_id == callers[request.trace_id]
         assert request.attributes["gen_ai.usage.output_tokens"] > 0
+
+
+def test_the_grafana_dashboard_reads_metrics_the_services_export(observed):
+    """Every metric (and label) a panel of the chart's dashboard queries, but the operator's, is on the /metrics
+    page of the real coordinator, target or drafts once requests have run (the operator's: test_operator_command)."""
+    cluster, _ = observed
+    with Client(cluster.addresses["coordinator"], timeout=60) as client:
+        for prompt in ("def add(a, b):", "hello world", "1 2 3"):
+            client.generate(prompt, max_tokens=12, ignore_eos=True)
+    scraped = [scrape(cluster.metrics_url(name)) for name in ("coordinator", "target", "draft_a", "draft_b")]
+    read = named_metrics(operator=False)
+    assert len(read) >= 15 and missing(read, scraped) == []
 
 
 def test_metrics_move_as_requests_run(observed):
