@@ -22,8 +22,9 @@ class EngineClient:
         await self.engine.coordinator.wait_idle()
 
     async def send(self, request: BenchRequest) -> RequestRecord:
-        params = SamplingParams(temperature=self.temperature, max_tokens=request.output_len, ignore_eos=True,
-                                num_speculative_tokens=self.num_speculative_tokens)
+        temperature = self.temperature if request.temperature is None else request.temperature
+        params = SamplingParams(temperature=temperature, seed=request.seed, max_tokens=request.output_len,
+                                ignore_eos=True, num_speculative_tokens=self.num_speculative_tokens)
         tokenizer = self.engine.tokenizer
         ids = encode_messages(tokenizer, request.messages) if request.messages else encode_prompt(tokenizer, request.prompt, False)
         record = RequestRecord(prompt_tokens=len(ids))

@@ -35,7 +35,9 @@ class GrpcClient:
             await self._channel.close()
 
     async def send(self, request: BenchRequest) -> RequestRecord:
-        params = SamplingParams(temperature=self.temperature, max_tokens=request.output_len, ignore_eos=True)
+        temperature = self.temperature if request.temperature is None else request.temperature
+        params = SamplingParams(temperature=temperature, seed=request.seed, max_tokens=request.output_len,
+                                ignore_eos=True)
         message = pm.request_pb(request.prompt, params, messages=request.messages)
         record = RequestRecord()
         clock = RequestClock(record)

@@ -42,8 +42,11 @@ class OpenAIHTTPClient:
 
     async def send(self, request: BenchRequest) -> RequestRecord:
         chat = request.messages is not None
-        body = {"model": self.model, "max_tokens": request.output_len, "temperature": self.temperature,
+        temperature = self.temperature if request.temperature is None else request.temperature
+        body = {"model": self.model, "max_tokens": request.output_len, "temperature": temperature,
                 "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+        if request.seed is not None:
+            body["seed"] = request.seed
         if chat:
             body["messages"] = request.messages
         else:

@@ -28,6 +28,8 @@ class BenchRequest:
     output_len: int                 # max_tokens, sent with ignore_eos so the server generates exactly this many
     messages: list[dict] | None = None
     name: str = ""
+    temperature: float | None = None  # None: the client's (--temperature)
+    seed: int | None = None
 
 
 def load_workload(workload: str, num_prompts: int, input_len: int, output_len: int, seed: int = 0,
