@@ -172,10 +172,11 @@ def _tokenizer_for(args, served_model: str | None):
     if not source:
         raise WorkloadError("the random workload draws token ids from a vocabulary: give --tokenizer MODEL")
     from specsplit.services.coordinator.process import load_tokenizer
+    from specsplit.services.errors import SpecsplitError
 
     try:
         return load_tokenizer(source)
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, SpecsplitError) as error:
         raise WorkloadError(f"no tokenizer for {source!r} here ({error}); give --tokenizer MODEL") from None
 
 
