@@ -16,6 +16,7 @@ import kopf
 from specsplit.operator import canary_policy, conditions, naming, scaling_policy
 from specsplit.operator.apply import OwnershipConflict, apply_merge_patch, last_applied
 from specsplit.operator.kube_client import DEPLOYMENTS, ApiError
+from specsplit.operator.metrics import start_operator_metrics
 from specsplit.operator.reconcile import (
     Outcome,
     healthy_status,
@@ -39,6 +40,7 @@ RETRY_SECONDS = 15
 async def operator_startup(settings: kopf.OperatorSettings, memo: Any, config: OperatorConfig, **_: Any) -> None:
     if getattr(memo, "context", None) is None:
         memo.context = OperatorContext.create(config)
+        memo.context.metrics_server = start_operator_metrics(memo.context, config.metrics_host, config.metrics_port)
     configure_kopf(settings, memo.context.config)
 
 
@@ -73,13 +75,14 @@ async def speculativedeployment_delete(body: kopf.Body, memo: Any, logger: Any, 
     and complete (the canary's objects included) before the resource itself goes."""
     context: OperatorContext = memo.context
     namespace, instance = body["metadata"]["namespace"], body["metadata"]["name"]
-    state = context.state(body["metadata"]["uid"], body.get("status"))
+    state = context.state_of(body)
     async with state.lock:
         state.deleted = True
         for kind, name in owned_names(instance):
             if await remove_if_present(context.client, namespace, kind, name, body["metadata"]["uid"]):
                 logger.info("deleted %s %s", kind, name)
     context.states.pop(body["metadata"]["uid"], None)
+    context.names.pop(body["metadata"]["uid"], None)
 
 
 async def speculativedeployment_autoscale(body: kopf.Body, patch: kopf.Patch, memo: Any, **_: Any) -> None:
@@ -89,7 +92,7 @@ async def speculativedeployment_autoscale(body: kopf.Body, patch: kopf.Patch, me
     if spec is None:
         return  # the change handlers have put the reasons in status
     now = context.config.clock()
-    state = context.state(body["metadata"]["uid"], body.get("status"))
+    state = context.state_of(body)
     async with state.lock:
         if state.deleted or body["metadata"].get("deletionTimestamp"):
             return
@@ -110,7 +113,7 @@ async def speculativedeployment_canary(body: kopf.Body, patch: kopf.Patch, memo:
     if spec is None or spec.canary is None:
         return
     now = context.config.clock()
-    state = context.state(body["metadata"]["uid"], body.get("status"))
+    state = context.state_of(body)
     async with state.lock:
         if state.deleted or body["metadata"].get("deletionTimestamp"):
             return
@@ -186,7 +189,7 @@ def _valid_spec_or_none(body: Mapping[str, Any]) -> DeploymentSpec | None:
 async def _reconcile_handler(body: kopf.Body, patch: kopf.Patch, context: OperatorContext) -> None:
     now = context.config.clock()
     generation = body["metadata"].get("generation")
-    state = context.state(body["metadata"]["uid"], body.get("status"))
+    state = context.state_of(body)
     if state.deleted:
         return
     status = _seen_status(body, state)

@@ -40,6 +40,8 @@ class OperatorConfig:
     # Called with every decision: (namespace, name, what, now, decision), `what` being target, draft,
     # canary or reconcile (the decision then is the pass's Outcome). Tests and audit hooks listen here.
     decision_listeners: list[Callable[..., None]] = dataclasses.field(default_factory=list)
+    metrics_port: int = -1  # the operator's own Prometheus metrics (operator/metrics.py); < 0: none
+    metrics_host: str = "127.0.0.1"
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
@@ -51,6 +53,8 @@ class OperatorConfig:
                                                  cls.scrape_timeout_seconds)),
             peering_name=env.get("SPECSPLIT_OPERATOR_PEERING", PEERING_NAME) or None,
             peering_priority=int(priority) if priority else None,
+            metrics_port=int(env.get("SPECSPLIT_OPERATOR_METRICS_PORT", cls.metrics_port)),
+            metrics_host=env.get("SPECSPLIT_OPERATOR_METRICS_HOST", cls.metrics_host),
         )
 
 
@@ -61,11 +65,19 @@ class OperatorContext:
     client: KubeClient
     scraper: PodScraper
     states: dict[str, OperatorState] = dataclasses.field(default_factory=dict)  # by the resource's uid
+    names: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)  # uid -> (namespace, name)
+    metrics_server: Any = None
 
     @classmethod
     def create(cls, config: OperatorConfig) -> OperatorContext:
         return cls(config=config, client=KubeClient(timeout_seconds=config.api_timeout_seconds),
                    scraper=PodScraper(timeout_seconds=config.scrape_timeout_seconds))
+
+    def state_of(self, body: Any) -> OperatorState:
+        """The state of the resource in `body`, remembering its name (for the metrics)."""
+        meta = body["metadata"]
+        self.names[meta["uid"]] = (meta["namespace"], meta["name"])
+        return self.state(meta["uid"], body.get("status"))
 
     def state(self, uid: str, status: Any) -> OperatorState:
         if uid not in self.states:
@@ -77,6 +89,8 @@ class OperatorContext:
             listener(*record)
 
     async def close(self) -> None:
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
         await asyncio.gather(self.client.close(), self.scraper.close())
 
 

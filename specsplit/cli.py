@@ -221,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     from specsplit.services.canary.commands import add_canary_commands
 
     add_canary_commands(sub, _add_model_args)
+    from specsplit.bench.commands import add_bench_commands
+
+    add_bench_commands(sub)
     return parser
 
 

@@ -7,7 +7,12 @@ Each request goes through the same path as the gRPC API: JSON -> GenerationReque
 `Coordinator.stream` -> JSON. Nothing about speculation lives here. A client that disconnects cancels its handler
 (aiohttp's handler cancellation); leaving the coordinator's stream then aborts the request, which releases its KV
 on the draft and target replicas. Bearer tokens and TLS are the gRPC API's settings, and the two APIs share one
-throttle of failed tokens (a valid token is always served; services/rpc/auth_throttle.py).
+throttle of failed tokens (a valid token is always served; services/rpc/auth_throttle.py); a caller's W3C trace
+context (`traceparent` / `tracestate` headers) becomes the request span's parent, as over gRPC.
+
+`finish_reason` is only ever one the API defines: "stop" (end of sequence, a stop token or string) or "length"
+(max_tokens or the model's context). A request the server ends before it finishes (shutdown) is a 503 error
+(`server_shutting_down`; in a stream, an error event before `data: [DONE]`), never a finish_reason of its own.
 """
 
 import asyncio
@@ -23,6 +28,8 @@ from specsplit.services.coordinator.coordinator import Coordinator
 from specsplit.services.coordinator.generation import GenerationRequest, GenerationResult
 from specsplit.services.errors import InvalidArgument, ResourceExhausted, SpecsplitError, Unavailable
 from specsplit.services.rpc.caller_auth import SecretCheck
+from specsplit.services.telemetry import tracing
+from specsplit.services.telemetry.trace_propagation import caller_context
 from specsplit.services.tokenization import encode_for_request
 
 log = logging.getLogger(__name__)
@@ -36,10 +43,18 @@ class ModelNotFound(SpecsplitError):
     """The request names a model this server does not serve: 404, as OpenAI answers."""
 
 
+class EndedByShutdown(Unavailable):
+    """The server stopped before the request finished: 503 (retry elsewhere), not a finish_reason."""
+
+
+API_FINISH_REASONS = ("stop", "length")  # the ones this server produces of those the API defines
+
+
 # error class -> (HTTP status, OpenAI error type, code); the first match wins.
 _STATUS_OF = [
     (InvalidArgument, 400, "invalid_request_error", None),
     (ModelNotFound, 404, "invalid_request_error", "model_not_found"),
+    (EndedByShutdown, 503, "service_unavailable_error", "server_shutting_down"),
     (ResourceExhausted, 429, "rate_limit_error", "queue_full"),
     (Unavailable, 503, "service_unavailable_error", "no_replica"),
 ]
@@ -66,9 +81,12 @@ class OpenAIHTTPServer:
         self.created = int(time.time())
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
+        self._in_flight: dict[int, GenerationRequest] = {}  # id -> request, for ending them at shutdown
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._errors, self._authenticate], client_max_size=MAX_BODY_BYTES)
+        middlewares = [self._errors, self._authenticate] + ([self._trace_context] if tracing.enabled() else [])
+        app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
+        app.on_shutdown.append(self._end_requests)
         app.add_routes([
             web.post("/v1/completions", self.completions),
             web.post("/v1/chat/completions", self.chat_completions),
@@ -90,6 +108,14 @@ class OpenAIHTTPServer:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+
+    async def _end_requests(self, app) -> None:
+        """At shutdown, once no new connection comes: end the requests still running, so each handler answers
+        its client (503, or an error event in the stream) before the server waits for the handlers."""
+        ours = {id(r) for r in self._in_flight.values()}
+        for sequence in [*self.coordinator.running, *self.coordinator.waiting]:
+            if id(sequence.request) in ours:
+                self.coordinator.abort(sequence)
 
     def _ssl_context(self) -> ssl.SSLContext | None:
         s = self.security
@@ -135,6 +161,11 @@ class OpenAIHTTPServer:
                 return web.json_response(body, status=401, headers={"WWW-Authenticate": "Bearer"})
         return await handler(request)
 
+    @web.middleware
+    async def _trace_context(self, request, handler):
+        with caller_context(request.headers):
+            return await handler(request)
+
     # ---- routes -----------------------------------------------------------------------------------------------
 
     async def health(self, request) -> web.Response:
@@ -166,6 +197,7 @@ class OpenAIHTTPServer:
         generation = GenerationRequest(prompt_ids, parsed.params, request_id)
         writer = om.ResponseWriter(parsed, self.model, self.coordinator.tokenizer)
         events = self.coordinator.stream(generation)
+        self._in_flight[id(generation)] = generation
         try:
             # The first event settles admission: a refused request (400, 429) answers before any byte is sent.
             event = await events.__anext__()
@@ -173,9 +205,10 @@ class OpenAIHTTPServer:
             if not parsed.stream:
                 while not isinstance(event, GenerationResult):
                     event = await events.__anext__()
-                return web.json_response(writer.whole(event))
+                return web.json_response(writer.whole(_finished(event)))
             return await self._stream(request, events, event, writer)
         finally:
+            del self._in_flight[id(generation)]
             await events.aclose()  # leaving early (disconnect, error) aborts the request: its KV is released
 
     async def _stream(self, request, events, event, writer: om.ResponseWriter) -> web.StreamResponse:
@@ -183,6 +216,8 @@ class OpenAIHTTPServer:
         await response.prepare(request)
         try:
             while True:
+                if isinstance(event, GenerationResult):
+                    _finished(event)
                 for chunk in writer.chunks(event):
                     await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 if isinstance(event, GenerationResult):
@@ -194,6 +229,14 @@ class OpenAIHTTPServer:
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
+
+
+def _finished(result: GenerationResult) -> GenerationResult:
+    """The result, if it finished as the API defines finishing; else the error its client gets instead."""
+    if result.finish_reason not in API_FINISH_REASONS:
+        raise EndedByShutdown(f"the server stopped before the request finished ({result.completion_tokens} tokens "
+                              "generated); retry it")
+    return result
 
 
 async def _json_body(request) -> object:

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from specsplit.services.coordinator.generation import GenerationResult, TokenEvent
+from specsplit.services.coordinator.token_bytes import TokenTexts, token_bytes_of
 from specsplit.services.errors import InvalidArgument
 from specsplit.services.sampling_params import MAX_LOGPROBS, SamplingParams
 
@@ -200,6 +201,7 @@ class ResponseWriter:
         self.created = int(time.time())
         self.id = ""
         self._text_offset = 0
+        self._texts = TokenTexts(token_bytes_of(tokenizer))
         self._sent_role = False
 
     @property
@@ -256,31 +258,38 @@ class ResponseWriter:
             chunk["usage"] = None  # as OpenAI: null on every chunk but the last
         return chunk
 
-    def _token(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id]) if self.tokenizer is not None else str(token_id)
-
     def _logprobs(self, logprobs) -> dict:
+        """Token strings are the whole characters each token completes (token_bytes.py); a token that ends inside
+        a UTF-8 character shows it in `bytes` (chat) instead of U+FFFD."""
+        entries = []
+        for lp in logprobs:
+            top = [(*self._texts.alternative(t), v) for t, v in lp.top]  # read before the chosen token moves on
+            entries.append((*self._texts.chosen(lp.token_id), lp.logprob, top))
         if self.request.chat:
             return {"content": [
-                {**self._entry(lp.token_id, lp.logprob),
-                 "top_logprobs": [self._entry(t, v) for t, v in lp.top]}
-                for lp in logprobs
+                {**_entry(text, raw, logprob), "top_logprobs": [_entry(t, r, v) for t, r, v in top]}
+                for text, raw, logprob, top in entries
             ], "refusal": None}
-        tokens = [self._token(lp.token_id) for lp in logprobs]
         offsets = []
-        for token in tokens:
+        for text, *_ in entries:
             offsets.append(self._text_offset)
-            self._text_offset += len(token)
+            self._text_offset += len(text)
         return {
-            "tokens": tokens,
-            "token_logprobs": [lp.logprob for lp in logprobs],
-            "top_logprobs": [{self._token(t): v for t, v in lp.top} for lp in logprobs],
+            "tokens": [text for text, *_ in entries],
+            "token_logprobs": [logprob for _, _, logprob, _ in entries],
+            "top_logprobs": [{_legacy_key(t, r): v for t, r, v in top} for *_, top in entries],
             "text_offset": offsets,
         }
 
-    def _entry(self, token_id: int, logprob: float) -> dict:
-        token = self._token(token_id)
-        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+def _entry(text: str, raw: bytes, logprob: float) -> dict:
+    return {"token": text, "logprob": logprob, "bytes": list(raw)}
+
+
+def _legacy_key(text: str, raw: bytes) -> str:
+    """A completions top_logprobs key: the token's characters, or, for a token that completes none, its bytes
+    written as OpenAI's completions API writes them ("bytes:\\xe4\\xbd"), so alternatives stay apart."""
+    return text if text or not raw else "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
 
 
 def usage_json(result: GenerationResult) -> dict:

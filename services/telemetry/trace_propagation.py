@@ -1,8 +1,9 @@
 """Trace context across the services.
 
 Public API: a caller's context arrives in the standard headers (W3C `traceparent`/`tracestate`, or whatever
-OTEL_PROPAGATORS names); `CallerContextInterceptor` makes it current while the handler runs, so the request span
-the coordinator starts is its child.
+OTEL_PROPAGATORS names): in gRPC metadata, where `CallerContextInterceptor` makes it current while the handler
+runs, and in the OpenAI HTTP API's headers, where `caller_context` does; so the request span the coordinator
+starts is its child either way.
 
 Worker API: one call carries many sequences, each from another request (another trace), so a single
 `traceparent` would misattribute the call to one of them. The coordinator sends instead one W3C traceparent per
@@ -54,6 +55,19 @@ def _parse(value: str):
         return None
     context = TraceContextTextMapPropagator().extract({"traceparent": value})
     return context if trace.get_current_span(context).get_span_context().is_valid else None
+
+
+@contextmanager
+def caller_context(headers):
+    """The caller's trace context from HTTP request headers, current inside (case-insensitive names)."""
+    from opentelemetry import context as otel_context
+    from opentelemetry import propagate
+
+    token = otel_context.attach(propagate.extract({k.lower(): v for k, v in headers.items()}))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
 
 
 class CallerContextInterceptor(grpc.aio.ServerInterceptor):

@@ -45,14 +45,17 @@ def validate_prometheus_monitor(body: dict) -> None:
     assert DNS_LABEL.match(body["metadata"]["name"]) and body["metadata"]["namespace"] == NAMESPACE
     spec = body["spec"]
     endpoints_key = "podMetricsEndpoints" if body["kind"] == "PodMonitor" else "endpoints"
-    assert set(spec) == {"selector", "namespaceSelector", endpoints_key}
+    assert {"selector", "namespaceSelector", endpoints_key} <= set(spec) <= \
+        {"selector", "namespaceSelector", endpoints_key, "podTargetLabels"}
+    assert all(isinstance(label, str) for label in spec.get("podTargetLabels", []))
     assert set(spec["selector"]) <= {"matchLabels", "matchExpressions"}
     assert all(isinstance(v, str) for v in spec["selector"]["matchLabels"].values())
     for expression in spec["selector"].get("matchExpressions", []):
         assert set(expression) == {"key", "operator", "values"} and expression["operator"] == "In"
     assert spec["namespaceSelector"] == {"matchNames": [NAMESPACE]}
     for endpoint in spec[endpoints_key]:
-        assert set(endpoint) == {"port", "path", "interval"}
+        assert {"port", "path", "interval"} <= set(endpoint) <= {"port", "path", "interval", "honorLabels"}
+        assert isinstance(endpoint.get("honorLabels", False), bool)
         assert isinstance(endpoint["port"], str) and endpoint["path"].startswith("/")
         assert DURATION.match(endpoint["interval"])
 
@@ -106,7 +109,7 @@ def test_optional_objects_appear_only_when_enabled():
     assert "PersistentVolumeClaim" not in default
     assert default.count("NetworkPolicy") == 4  # operator, coordinator, target, draft
     monitoring = kinds(VALUE_SETS["monitoring-on"])
-    assert monitoring.count("PodMonitor") == 1 and monitoring.count("ServiceMonitor") == 1
+    assert monitoring.count("PodMonitor") == 2 and monitoring.count("ServiceMonitor") == 1  # + the operator's
     assert "NetworkPolicy" not in kinds(VALUE_SETS["network-policy-off"])
     assert kinds(VALUE_SETS["canary-on"]).count("NetworkPolicy") == 5  # + draft-canary
     assert "PersistentVolumeClaim" in kinds(VALUE_SETS["shared-model-cache-and-otel"])

@@ -92,11 +92,15 @@ def test_metrics_answer_the_operator_and_monitoring_when_enabled(monitoring):
         assert allowed(policies, pods["prometheus"], pods[destination], METRICS) is monitoring, destination
 
 
-def test_nothing_calls_into_the_operator():
-    manifests = render()
+@pytest.mark.parametrize("monitoring", [False, True])
+def test_only_monitoring_calls_into_the_operator_for_its_metrics(monitoring):
+    manifests = render(VALUE_SETS["monitoring-on"] if monitoring else {})
     policies, pods = of_kind(manifests, "NetworkPolicy"), _pods(manifests)
     for source in ("stranger", "coordinator", "prometheus"):
         assert not allowed(policies, pods[source], pods["operator"], KOPF_HEALTH)
+    assert allowed(policies, pods["prometheus"], pods["operator"], METRICS) is monitoring
+    for source in ("stranger", "coordinator"):
+        assert not allowed(policies, pods[source], pods["operator"], METRICS)
 
 
 def test_policies_off_leave_traffic_alone():

@@ -141,7 +141,8 @@ def test_speculative_deployment_carries_the_values():
 def test_monitors_scrape_ports_the_operators_objects_have():
     manifests = render(VALUE_SETS["monitoring-on"] | VALUE_SETS["canary-on"])
     built = operator_objects(speculative_deployment(manifests))
-    (pod_monitor,) = of_kind(manifests, "PodMonitor")
+    (pod_monitor,) = [m for m in of_kind(manifests, "PodMonitor")
+                      if m["metadata"]["labels"].get("app.kubernetes.io/component") != "operator"]
     (service_monitor,) = of_kind(manifests, "ServiceMonitor")
 
     def selected(selector, labels):

@@ -1,5 +1,5 @@
-"""Observability of the split services as real processes: OTLP traces across coordinator, draft and target;
-Prometheus metrics over HTTP; the canary split, its statistics (/v1/canary, GetDraftVariantStats) and the
+"""Observability of the split services as real processes: OTLP traces across coordinator, draft and target (the
+caller's context honoured over gRPC and over the OpenAI HTTP API); Prometheus metrics over HTTP; the canary split, its statistics (/v1/canary, GetDraftVariantStats) and the
 draft-variants file applied live."""
 
 import json
@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from cluster import Cluster, scrape
+from dashboard_queries import missing, named_metrics
 from otlp_collector import OtlpCollector
 from specsplit.client import Client
 from specsplit.services.coordinator import public_messages as pm
@@ -48,7 +49,7 @@ def observed(tiny_pair, tmp_path_factory):
             "draft_a": ["draft", "--model", str(tiny_pair["close"]), *model, "--port", draft_a.rsplit(":")[1]],
             "draft_b": ["draft", "--model", str(tiny_pair["close"]), *model, "--port", draft_b.rsplit(":")[1]],
             "coordinator": ["coordinator", "--target", target, "--draft-variants-file", str(variants_file), "-k", "4", "--speculation", "fixed",
-                            *local, "--port", "0"],
+                            *local, "--port", "0", "--http-port", "0"],
         }, env)
         c.variants_file = variants_file
         yield c, collector
@@ -158,6 +159,49 @@ def test_one_trace_per_request_across_the_three_services(observed):
     assert shared, "no worker step served two of the concurrent requests"
     served = [s for s in spans if s.trace_id in trace_ids and s.links and s.service != "specsplit-coordinator"]
     assert all(any(by_id.get(span_id) in steps for _, span_id in s.links) for s in served)
+
+
+def test_http_requests_carry_the_callers_trace_context(observed):
+    """`traceparent` / `tracestate` headers on the OpenAI HTTP API make the request span a child of the caller's
+    span, whole or streamed, as gRPC metadata does."""
+    cluster, collector = observed
+    url = next(line.rsplit(" ", 1)[-1] for line in cluster.processes["coordinator"].startup_lines if " OpenAI API on " in line)
+    provider = TracerProvider()
+    caller = provider.get_tracer("test-caller")
+    callers = {}
+    for path, body in (("/completions", {"prompt": "def add(a, b):", "max_tokens": 6}),
+                       ("/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
+                                              "stream": True})):
+        with caller.start_as_current_span("caller") as span:
+            context = span.get_span_context()
+            headers = {"Content-Type": "application/json", "traceparent": traceparent(context),
+                       "tracestate": "vendor=value"}
+            request = urllib.request.Request(url + path, data=json.dumps({**body, "temperature": 0}).encode(),
+                                             headers=headers)
+            with urllib.request.urlopen(request, timeout=60) as response:
+                assert response.status == 200
+                response.read()
+            callers[f"{context.trace_id:032x}"] = f"{context.span_id:016x}"
+
+    def requests_of(spans):
+        return [s for s in spans if s.trace_id in callers and s.name.startswith("text_completion")]
+
+    spans = collector.wait_for(lambda spans: len(requests_of(spans)) == len(callers))
+    for request in requests_of(spans):
+        assert request.parent_span_id == callers[request.trace_id]
+        assert request.attributes["gen_ai.usage.output_tokens"] > 0
+
+
+def test_the_grafana_dashboard_reads_metrics_the_services_export(observed):
+    """Every metric (and label) a panel of the chart's dashboard queries, but the operator's, is on the /metrics
+    page of the real coordinator, target or drafts once requests have run (the operator's: test_operator_command)."""
+    cluster, _ = observed
+    with Client(cluster.addresses["coordinator"], timeout=60) as client:
+        for prompt in ("def add(a, b):", "hello world", "1 2 3"):
+            client.generate(prompt, max_tokens=12, ignore_eos=True)
+    scraped = [scrape(cluster.metrics_url(name)) for name in ("coordinator", "target", "draft_a", "draft_b")]
+    read = named_metrics(operator=False)
+    assert len(read) >= 15 and missing(read, scraped) == []
 
 
 def test_metrics_move_as_requests_run(observed):

@@ -1,8 +1,12 @@
 """The OpenAI-compatible HTTP API, through the real `openai` client, against coordinators in their own processes
-with tiny models: completions and chat, whole and streamed, the same output as the gRPC API, usage, logprobs,
-OpenAI-shaped errors of each status, and a client that leaves mid-stream freeing its KV on both workers."""
+with tiny models: completions and chat, whole and streamed, the same output as the gRPC API, usage, logprobs
+(token strings of whole characters, each token's bytes), OpenAI-shaped errors of each status, a client that leaves
+mid-stream freeing its KV on both workers, and a coordinator stopping mid-request answering with an error, never a
+finish_reason the API does not define."""
 
+import codecs
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -31,8 +35,9 @@ def _http_url(cluster: Cluster, name: str) -> str:
 
 @pytest.fixture(scope="module")
 def served(tiny_pair, tmp_path_factory):
-    """A target and a draft; `main` (bearer token, metrics) over them; `full` (a queue that takes nothing) over the
-    same workers; `orphan` over a target of its own that the 503 test stops."""
+    """A target and a draft; `main` (bearer token, metrics) over them; `full` (a queue that takes nothing) and
+    `ending` (stopped by its test) over the same workers; `orphan` over a target of its own that the 503 test
+    stops."""
     tokens = tmp_path_factory.mktemp("http") / "tokens"
     tokens.write_text(TOKEN + "\n")
     c = Cluster()
@@ -52,6 +57,7 @@ def served(tiny_pair, tmp_path_factory):
                      "--metrics-port", "-1"],
             "orphan": ["coordinator", "--target", a["lone_target"], *local, "--replica-recovery-seconds", "0.5",
                        "--metrics-port", "-1"],
+            "ending": ["coordinator", "--target", a["target"], "--draft", a["draft"], *local, "--metrics-port", "0"],
         })
         yield c
     finally:
@@ -160,6 +166,30 @@ def test_stop_string_and_logprobs(http, grpc_client, model_id):
     assert len(content) == chat.usage.completion_tokens and all(len(c.top_logprobs) == 3 for c in content)
 
 
+def test_logprobs_tokens_are_whole_characters_with_their_bytes(http, model_id):
+    """The tiny models' vocabulary is one token per byte and their random weights emit bytes in any order, so many
+    tokens end inside a UTF-8 character. Such a token's string holds only the characters it completes (nothing, for
+    a lead byte), never U+FFFD for a character cut in two; its bytes are its own, and they join to the text."""
+    chat = http.chat.completions.create(model=model_id, messages=[{"role": "user", "content": "日本語のテキスト"}],
+                                        max_tokens=64, temperature=1.0, seed=3, logprobs=True, top_logprobs=2,
+                                        extra_body={"ignore_eos": True})
+    content = chat.choices[0].logprobs.content
+    raw = bytes(b for entry in content for b in entry.bytes)
+    assert len(content) == 64 and all(len(entry.bytes) == 1 for entry in content)  # one byte per token
+    assert raw.decode("utf-8", errors="replace") == chat.choices[0].message.content
+    joined = "".join(entry.token for entry in content)
+    assert joined == codecs.getincrementaldecoder("utf-8")("replace").decode(raw)  # the text, up to a cut character
+    cut = [entry for entry in content if not entry.token]
+    assert any(entry.bytes[0] >= 0xC2 for entry in cut)  # a lead byte: a character begins, none completes
+    # Completions: the strings of the tokens join to the text, and text_offset counts in them.
+    prompt = list(range(0x80, 0xC0, 4))  # token ids as the prompt
+    completion = http.completions.create(model=model_id, prompt=prompt, max_tokens=48, temperature=1.0, seed=5,
+                                         logprobs=1, extra_body={"ignore_eos": True})
+    lp = completion.choices[0].logprobs
+    assert len(lp.tokens) == 48 and completion.choices[0].text.startswith("".join(lp.tokens))
+    assert "".join(lp.tokens) and lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(len(lp.tokens))]
+
+
 def test_bad_requests_are_400_with_openai_errors(served, http, model_id):
     with pytest.raises(openai.BadRequestError) as error:
         http.completions.create(model=model_id, prompt=PROMPT, n=2)
@@ -205,6 +235,56 @@ def test_no_replica_is_503(served, model_id):
     with pytest.raises(urllib.error.HTTPError) as health:
         urllib.request.urlopen(_http_url(served, "orphan").removesuffix("/v1") + "/health", timeout=10)
     assert health.value.code == 503
+
+
+def test_a_request_ended_by_shutdown_is_an_error_not_a_finish_reason(served, model_id):
+    """`ending` gets a streamed and a whole request of many tokens, then SIGTERM: each client gets a 503-shaped
+    error (`server_shutting_down`), the stream's before `data: [DONE]`; no finish_reason outside the API's; the
+    workers free the KV."""
+    url = _http_url(served, "ending")
+    body = {"model": model_id, "prompt": PROMPT, "max_tokens": 480, "temperature": 0, "ignore_eos": True}
+    whole = {}
+
+    def post_whole():
+        request = urllib.request.Request(url + "/completions", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                whole["status"], whole["body"] = response.status, json.load(response)
+        except urllib.error.HTTPError as error:
+            whole["status"], whole["body"] = error.code, json.loads(error.read())
+
+    waiting = threading.Thread(target=post_whole)
+    waiting.start()
+    request = urllib.request.Request(url + "/completions", data=json.dumps({**body, "stream": True}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    events = []
+    with urllib.request.urlopen(request, timeout=60) as stream:
+        for line in stream:
+            if not line.startswith(b"data: "):
+                continue
+            events.append(line[6:].strip())
+            if len(events) == 1:  # streaming: stop the coordinator once the whole request runs beside it
+                metrics = served.metrics_url("ending")
+                deadline = time.monotonic() + 30
+                while _scrape(metrics)['specsplit_running_sequences{role="coordinator"}'] < 2:
+                    assert time.monotonic() < deadline, "the whole request never started"
+                    time.sleep(0.02)
+                served.processes["ending"].send_signal(signal.SIGTERM)
+    waiting.join(60)
+    assert events[-1] == b"[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    reasons = {c["choices"][0]["finish_reason"] for c in chunks if c.get("choices")} - {None}
+    assert not reasons, reasons  # it did not finish: no finish_reason at all, "abort" least of all
+    assert chunks[-1]["error"]["code"] == "server_shutting_down" and chunks[-1]["error"]["type"] == "service_unavailable_error"
+    assert sum(len(c["choices"][0]["text"]) for c in chunks[:-1]) > 0
+    assert whole["status"] == 503 and whole["body"]["error"]["code"] == "server_shutting_down", whole
+    assert served.processes["ending"].wait(timeout=30) == 0
+    workers = {name: served.metrics_url(name) for name in ("target", "draft")}
+    deadline = time.monotonic() + 15
+    while any(_scrape(u)['specsplit_kv_blocks_used{role="%s"}' % n] for n, u in workers.items()):
+        assert time.monotonic() < deadline, "KV still held after the coordinator stopped"
+        time.sleep(0.1)
 
 
 def _scrape(url: str) -> dict[str, float]:

@@ -17,22 +17,18 @@ so every prompt yields exactly 64 compared tokens.
 
 import asyncio
 import gc
-import sys
 import time
-from pathlib import Path
 
 import torch
 from safetensors import safe_open
 
+from specsplit.bench.prompt_sets import humaneval_prompts
 from specsplit.services.local_engine import LocalEngine
 from specsplit.services.models.loader import load_model
 from specsplit.services.models.prepare import dequantize_option, kept_gguf_path, prepare, resolve_model
 from specsplit.services.models.weight_formats import use_weight_format
 from specsplit.services.sampling_params import SamplingParams
 from specsplit.services.service_commands import DEFAULT_DRAFT, DEFAULT_TARGET
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from prompts import humaneval_prompts  # noqa: E402  (bench/ is a folder of scripts, not a package)
 
 PROMPT_TOKENS = 32  # every prompt is cut to this many tokens (HumanEval's shortest has 38)
 NEW_TOKENS = 64

@@ -1,5 +1,6 @@
 """The operator as its Deployment runs it: `kopf run` on specsplit.operator.main, in a process of its own,
-with peering, a liveness endpoint, and a clean exit on SIGTERM."""
+with peering, a liveness endpoint, its own Prometheus metrics (those the Grafana dashboard reads), and a clean exit
+on SIGTERM."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import sys
 
 import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from specsplit.operator.main import OPERATOR_COMMAND
 
+from dashboard_queries import missing, named_metrics
 from kube_harness import Cluster, base_spec, eventually
 
 pytestmark = pytest.mark.asyncio
@@ -28,10 +31,11 @@ def free_port() -> int:
 
 async def test_kopf_run_serves_resources_and_stops_on_sigterm(cluster: Cluster, kubeconfig: None,
                                                               tmp_path: pathlib.Path) -> None:
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     assert OPERATOR_COMMAND[:4] == ["kopf", "run", "--module", "specsplit.operator.main"]
     command = [sys.executable, "-m", "kopf", *OPERATOR_COMMAND[1:-1], f"--liveness=http://127.0.0.1:{port}/healthz"]
-    env = {**os.environ, "SPECSPLIT_OPERATOR_TICK_SECONDS": "0.2", "SPECSPLIT_OPERATOR_PRIORITY": "7"}
+    env = {**os.environ, "SPECSPLIT_OPERATOR_TICK_SECONDS": "0.2", "SPECSPLIT_OPERATOR_PRIORITY": "7",
+           "SPECSPLIT_OPERATOR_METRICS_PORT": str(metrics_port)}
     log = (tmp_path / "operator.log").open("wb")
     process = await asyncio.create_subprocess_exec(*command, env=env, stdout=log, stderr=asyncio.subprocess.STDOUT)
     try:
@@ -51,6 +55,22 @@ async def test_kopf_run_serves_resources_and_stops_on_sigterm(cluster: Cluster, 
         response = await cluster.api.get("/apis/kopf.dev/v1/clusterkopfpeerings/specsplit")
         peers = (await response.json()).get("status") or {}
         assert [peer["priority"] for peer in peers.values()] == [7]
+
+        async def operator_metrics() -> dict | None:
+            async with aiohttp.ClientSession() as session, \
+                    session.get(f"http://127.0.0.1:{metrics_port}/metrics") as r:
+                text = await r.text()
+            samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                       for family in text_string_to_metric_families(text) for s in family.samples}
+            return samples if any(name == "specsplit_operator_ready_replicas" for name, _ in samples) else None
+
+        samples = await eventually(operator_metrics, timeout=20, interval=0.2)
+        where = (("name", "coder"), ("namespace", "ml"))
+        assert samples[("specsplit_operator_desired_replicas", (*where, ("role", "target")))] == 1  # replicas.min
+        assert samples[("specsplit_operator_desired_replicas", (*where, ("role", "draft")))] == 1
+        assert samples[("specsplit_operator_canary_weight", where)] == 0  # no canary
+        read = named_metrics(operator=True)  # every operator metric the Grafana dashboard reads is exported
+        assert len(read) == 3 and missing(read, [samples]) == []
     finally:
         if process.returncode is None:
             process.send_signal(signal.SIGTERM)

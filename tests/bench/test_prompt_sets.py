@@ -1,14 +1,12 @@
-"""bench/prompts.py: passage cutting (pure) and the HumanEval reader on a file laid out like the package's."""
+"""The benchmark prompt sets (specsplit/bench/prompt_sets.py): passage cutting (pure) and the HumanEval reader on a
+file laid out like the package's."""
 
 import gzip
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
-import prompts  # noqa: E402  (bench/ is a folder of scripts, not a package)
+from specsplit.bench import prompt_sets as prompts
 
 PLAY = "".join(f"Line {i} of the play, spoken.\n" + ("\n" if i % 5 == 0 else "") for i in range(200))
 OTHER = "".join(f"Another text, line {i}.\n" for i in range(50))
