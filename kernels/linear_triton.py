@@ -13,7 +13,8 @@ What makes a row's result independent of its batch (the number of rows M, the ro
 
 Why split K at all: decode has few rows, so a layer with few column tiles (the 7B's o_proj: 56 tiles of 64 columns
 on 132 SMs) would leave most SMs idle while a few stream the whole weight. The split is chosen so that one row-tile
-gives about two programs per SM, and then kept for every M.
+gives about three programs per SM (as many as fit at once), and then kept for every M. Its cost grows with M (the
+partials are M x N floats per split): prefill in the mode pays it, decode and verification hardly do.
 
 Fusion points, for later (not implemented): `_load_rows` is where an input prologue goes (RMSNorm of the rows:
 scale the x tile by each row's precomputed rstd and the norm weight's K slice), `_finish` where an output epilogue
@@ -30,9 +31,10 @@ import triton.language as tl
 
 from specsplit.kernels.rounding_triton import cast_rtne
 
-# One row-tile should give about this many programs per SM before K is split; a split streams at least
+# One row-tile should give about this many programs per SM before K is split (16-bit tiles of 64 x 64 x 64 with 4
+# stages take 64 KiB of shared memory: 3 programs fit on an H100 SM at once); a split streams at least
 # _MIN_K_BLOCKS_PER_SPLIT blocks of K (its partial costs a write and a read of BLOCK_M x BLOCK_N floats).
-_PROGRAMS_PER_SM = 2
+_PROGRAMS_PER_SM = 3
 _MIN_K_BLOCKS_PER_SPLIT = 4
 _MAX_SPLIT_K = 16
 
@@ -52,10 +54,8 @@ def gemm_config(n: int, k: int, dtype: torch.dtype, num_sms: int) -> GemmConfig:
     """The GEMM's shape for an [N, K] weight: a function of (N, K, dtype, SM count), never of the row count."""
     if dtype == torch.float32:
         block_m, block_n, block_k, warps, stages = 64, 64, 32, 4, 3
-    elif n >= 128 * _PROGRAMS_PER_SM * num_sms:  # wide layers (a 7B's gate/up, the vocabulary): wider tiles
-        block_m, block_n, block_k, warps, stages = 64, 128, 64, 4, 4
     else:
-        block_m, block_n, block_k, warps, stages = 64, 64, 128, 4, 4
+        block_m, block_n, block_k, warps, stages = 64, 64, 64, 4, 4
     tiles_n = triton.cdiv(n, block_n)
     k_blocks = triton.cdiv(k, block_k)
     split = 1

@@ -160,7 +160,7 @@ def _paged_attention_kernel(
     unmasked_hi = tl.minimum(split_hi, ((first_q_pos + 1) // BLOCK_N) * BLOCK_N)
     unmasked_hi = tl.maximum(unmasked_hi, split_lo)
     if FIXED_SPLIT > 0:  # batch-invariant: every tile through the one masked loop, whoever shares the query tile
-        unmasked_hi = split_lo
+        unmasked_hi = tl.minimum(unmasked_hi, split_lo)
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     # A finite floor keeps fully masked rows (in a split before their position) free of inf - inf.

@@ -167,6 +167,15 @@ def add_batch_invariant_arg(p) -> None:
                    "(slower matmuls; needs tensor-parallel size 1 and dense weights)")
 
 
+def batch_invariant_argv(args) -> list[str]:
+    """What `serve` hands its workers: the flag, once the sizes it cannot serve are refused."""
+    if not args.batch_invariant:
+        return []
+    check_tensor_parallel_sizes({"target": args.target_tensor_parallel_size, "draft": args.draft_tensor_parallel_size},
+                                on=True)
+    return ["--batch-invariant"]
+
+
 def add_logprobs_switch_arg(p) -> None:
     """For commands that run a coordinator (coordinator, serve, generate --local)."""
     p.add_argument("--no-logprobs-while-speculating", dest="logprobs_while_speculating", action="store_false",
@@ -287,10 +296,7 @@ def _run_serve(args) -> int:
     speculating = bool(args.draft) or ngram
     k = args.num_speculative_tokens if args.num_speculative_tokens is not None else 4
     model_flags = ["--dtype", args.dtype, "--device", args.device, "--block-size", str(args.block_size)]
-    if args.batch_invariant:
-        check_tensor_parallel_sizes({"target": args.target_tensor_parallel_size,
-                                     "draft": args.draft_tensor_parallel_size})
-        model_flags.append("--batch-invariant")
+    model_flags += batch_invariant_argv(args)
     worker_metrics = ["--metrics-port", "0" if args.metrics_port >= 0 else "-1"]
     if args.num_kv_blocks:
         model_flags += ["--num-kv-blocks", str(args.num_kv_blocks)]
