@@ -80,6 +80,7 @@ def correctness(target, draft, check_batches: list[int], max_tokens: int) -> dic
         alone_engine = engine(target, None, mode)
         reference = [greedy_tokens(alone_engine, [p], 0, max_tokens)[0][0] for p in all_prompts]
         del alone_engine
+        _release()
         speculative = engine(target, draft, mode)
         checks = []
         for batch in check_batches:
@@ -89,6 +90,7 @@ def correctness(target, draft, check_batches: list[int], max_tokens: int) -> dic
                 checks.append({"mode": name, "batch": batch, "run": kind, "equal_to_target_alone": same,
                                "sequences": batch, "accepted_per_drafted": accepted / drafted if drafted else None})
         del speculative
+        _release()
         adaptive = engine(target, draft, mode, speculation="adaptive")
         batch = max(check_batches)
         out, accepted, drafted = greedy_tokens(adaptive, all_prompts[:batch], None, max_tokens)
@@ -96,6 +98,7 @@ def correctness(target, draft, check_batches: list[int], max_tokens: int) -> dic
                        "equal_to_target_alone": sum(a == b for a, b in zip(out, reference)),
                        "accepted_per_drafted": accepted / drafted if drafted else None})
         del adaptive
+        _release()
         self_draft = engine(target, target, mode)
         batch = min(8, max(check_batches))
         out, accepted, drafted = greedy_tokens(self_draft, all_prompts[:batch], K, max_tokens)
@@ -103,8 +106,7 @@ def correctness(target, draft, check_batches: list[int], max_tokens: int) -> dic
                        "equal_to_target_alone": sum(a == b for a, b in zip(out, reference)),
                        "accepted_per_drafted": accepted / drafted})
         del self_draft
-        gc.collect()
-        _empty_cache()
+        _release()
         for row in checks:
             log(row)
         RESULTS["rows"] += [{"section": "correctness", **row} for row in checks]
@@ -197,6 +199,12 @@ def speed(target, draft, batches: list[int], max_tokens: int) -> list[dict]:
     gc.collect()
     _empty_cache()
     return rows
+
+
+def _release():
+    """Free a dropped engine's KV cache and graph pools now (engines sit in reference cycles)."""
+    gc.collect()
+    _empty_cache()
 
 
 def _empty_cache():

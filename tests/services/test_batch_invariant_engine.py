@@ -12,7 +12,7 @@ from specsplit.services.local_engine import LocalEngine
 from specsplit.services.models.loader import load_model
 from specsplit.services.models.weight_formats import use_weight_format
 
-MAX_TOKENS = 10
+MAX_TOKENS = 8
 BATCHES = (1, 8, 32)
 
 
