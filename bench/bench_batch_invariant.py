@@ -160,7 +160,8 @@ def matmuls(target, draft, sweep: bool, rows_list=(1, 8, 32, 160)) -> list[dict]
                 k_blocks = -(-k // block_k)
                 for split in sorted({1, chosen.split_k, min(2 * chosen.split_k, k_blocks)}):
                     per_split = -(-k_blocks // split)
-                    cfg = GemmConfig(64, block_n, block_k, -(-k_blocks // per_split), per_split * block_k, warps, stages)
+                    splits = -(-k_blocks // per_split)
+                    cfg = GemmConfig(64, block_n, block_k, splits, per_split * block_k, warps, stages)
                     for m in (1, 32):
                         x = torch.randn(m, k, device=weight.device, dtype=weight.dtype)
                         row = {"section": "matmul_sweep", "model": model_name, "layer": name, "rows": m,

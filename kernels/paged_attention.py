@@ -20,8 +20,8 @@ context of the batch, and SDPA's blocking and reductions follow those shapes. In
 on its own query and context only: its scores (over head_dim) and its weighted sum of values (over its positions,
 the positions after its own adding -0.0) by `ordered_sum`'s fixed trees in float32, and its softmax computed on
 exactly its own [heads, positions] rows, in a tensor of that shape (torch's CPU exponential differs in the last bit
-between its SIMD body and the scalar leftovers of a loop, so the shape a row is computed in must not change). Slow; for the CPU only (the
-GPU runs the Triton kernel's own invariant mode).
+between its SIMD body and the scalar leftovers of a loop, so the shape a row is computed in must not change).
+Slow; for the CPU only (the GPU runs the Triton kernel's own invariant mode).
 """
 
 import torch

@@ -75,7 +75,8 @@ def typical_accept_torch(
         p_of_draft = p_rows.gather(2, draft_token_ids[..., None]).squeeze(-1)
         threshold = posterior_threshold[:, None] if torch.is_tensor(posterior_threshold) else posterior_threshold
         alpha = posterior_alpha[:, None] if torch.is_tensor(posterior_alpha) else posterior_alpha
-        passed = (p_of_draft > typical_bound(p_rows, threshold, alpha, row_sum)) & (cols[:, :max_k] < num_draft[:, None])
+        bound = typical_bound(p_rows, threshold, alpha, row_sum)
+        passed = (p_of_draft > bound) & (cols[:, :max_k] < num_draft[:, None])
         # Accepted prefix: passes up to the first failure (cumprod of 0/1 stays 1 only while every test passed).
         num_accepted = passed.to(torch.int64).cumprod(dim=1).sum(dim=1)
     else:
