@@ -1,6 +1,16 @@
 """The kernels the services call: the Triton version on a CUDA device when Triton imports, the torch reference
 everywhere else. SPECSPLIT_KERNELS=torch|triton forces one (read at each call, so tests can switch it).
 
+The batch-invariant mode (SPECSPLIT_BATCH_INVARIANT=1, or `set_batch_invariant(True)`, which `--batch-invariant`
+calls; read at each call too) makes every kernel on a model's path give a row bit for bit the same result whatever
+else is in its batch: how many rows, which k, the row's position, how its prompt was chunked. Its decision points:
+`linear` (a GEMM whose tiles and K split depend on (N, K, dtype) only, instead of torch's matmul), `paged_attention`
+(one tile shape and a fixed split size along the context for every query count), the torch references of RMSNorm,
+SiLU and attention (fixed reduction orders, rows one by one), and the row reductions of sampling (`sum_rows`,
+`cumsum_rows`, `top_k_rows`, `sort_rows_descending`). The GPU kernels of RMSNorm, rotary, SiLU and sampling already
+compute one row per program and need no change. CUDA graphs keep the kernels of the mode they were captured in:
+set the mode before a model runs.
+
 The Triton modules are imported on first use, not here: importing this module never compiles or decorates a kernel,
 so the services load the same way on machines with and without Triton.
 """
@@ -10,8 +20,11 @@ import functools
 import os
 
 import torch
+import torch.nn.functional as F
 
 from specsplit.kernels.counter_rng import counter_uniform_torch
+from specsplit.kernels.invariant_reductions import ordered_cumsum, ordered_sum, ordered_top_k
+from specsplit.kernels.linear import linear_torch
 from specsplit.kernels.kv_write import write_kv_torch
 from specsplit.kernels.paged_attention import paged_attention_torch
 from specsplit.kernels.rejection_sampling import rejection_sample_torch, sample_from_probs_torch
@@ -21,6 +34,7 @@ from specsplit.kernels.silu_mul import silu_mul_torch
 from specsplit.kernels.typical_acceptance import typical_accept_torch
 
 ENV_VAR = "SPECSPLIT_KERNELS"
+BATCH_INVARIANT_ENV = "SPECSPLIT_BATCH_INVARIANT"
 
 
 @functools.cache
@@ -46,21 +60,48 @@ def use_triton(tensor: torch.Tensor) -> bool:
     return tensor.is_cuda and _triton_importable()
 
 
+def batch_invariant() -> bool:
+    """Whether the batch-invariant mode is on (SPECSPLIT_BATCH_INVARIANT: 1 on, 0 or unset off)."""
+    value = os.environ.get(BATCH_INVARIANT_ENV, "0")
+    if value not in ("0", "1", ""):
+        raise ValueError(f"{BATCH_INVARIANT_ENV} must be 0 or 1, not {value!r}")
+    return value == "1"
+
+
+def set_batch_invariant(on: bool) -> None:
+    """Switch the mode for this process, and for the processes it starts (through the environment)."""
+    os.environ[BATCH_INVARIANT_ENV] = "1" if on else "0"
+
+
 def on_device(tensor: torch.Tensor):
     """Triton launches on the current CUDA device: make it the tensor's (a model on cuda:1 beside one on cuda:0)."""
     return torch.cuda.device(tensor.device) if tensor.is_cuda else contextlib.nullcontext()
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight^T + bias. Default: torch's F.linear (cuBLAS on a GPU, the CPU's BLAS). Batch-invariant: the Triton
+    GEMM on a GPU (16- and 32-bit floats), the fixed-order torch reference elsewhere."""
+    if not batch_invariant():
+        return F.linear(x, weight, bias)
+    if use_triton(x) and x.dtype in (torch.bfloat16, torch.float16, torch.float32):
+        from specsplit.kernels.linear_triton import linear_triton
+
+        with on_device(x):
+            return linear_triton(x, weight, bias)
+    return linear_torch(x, weight, bias)
+
+
 def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
                     max_query_len: int, max_seq_len: int) -> torch.Tensor:
+    invariant = batch_invariant()
     if use_triton(query):
         from specsplit.kernels.paged_attention_triton import paged_attention_triton
 
         with on_device(query):
             return paged_attention_triton(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
-                                          max_query_len, max_seq_len)
+                                          max_query_len, max_seq_len, batch_invariant=invariant)
     return paged_attention_torch(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
-                                 max_query_len, max_seq_len)
+                                 max_query_len, max_seq_len, batch_invariant=invariant)
 
 
 def write_kv(key, value, key_cache, value_cache, slot_mapping) -> None:
@@ -78,8 +119,8 @@ def add_rms_norm(x, residual, weight, eps: float):
         from specsplit.kernels.rms_norm_triton import add_rms_norm_triton
 
         with on_device(x):
-            return add_rms_norm_triton(x, residual, weight, eps)
-    return add_rms_norm_torch(x, residual, weight, eps)
+            return add_rms_norm_triton(x, residual, weight, eps)  # one program per row: invariant as it is
+    return add_rms_norm_torch(x, residual, weight, eps, ordered=batch_invariant())
 
 
 def rotary_kv(qkv, positions, cos_sin, key_cache, value_cache, slot_mapping, num_heads: int, num_kv_heads: int,
@@ -100,8 +141,8 @@ def silu_mul(gate_up):
         from specsplit.kernels.silu_mul_triton import silu_mul_triton
 
         with on_device(gate_up):
-            return silu_mul_triton(gate_up)
-    return silu_mul_torch(gate_up)
+            return silu_mul_triton(gate_up)  # elementwise: invariant as it is
+    return silu_mul_torch(gate_up, row_by_row=batch_invariant())
 
 
 def rejection_sample(target_probs, draft_token_ids, q_token_ids, q_probs, num_draft, accept_uniforms,
@@ -123,7 +164,8 @@ def typical_accept(target_probs, draft_token_ids, num_draft, sample_uniforms, po
     no host reads, the same on every device and inside CUDA graphs; only its final inverse-CDF sample goes to the
     Triton kernel where that is used."""
     return typical_accept_torch(target_probs, draft_token_ids, num_draft, sample_uniforms, posterior_threshold,
-                                posterior_alpha, sample=sample_from_probs)
+                                posterior_alpha, sample=sample_from_probs,
+                                row_sum=ordered_sum if batch_invariant() else None)
 
 
 def sample_from_probs(probs, uniforms) -> torch.Tensor:
@@ -142,3 +184,27 @@ def counter_uniform(seeds, positions, stream: int) -> torch.Tensor:
         with on_device(seeds if torch.is_tensor(seeds) else positions):
             return counter_uniform_triton(seeds, positions, stream)
     return counter_uniform_torch(seeds, positions, stream)
+
+
+# Row reductions of sampling and logprobs: torch's own by default, fixed-order ones in the batch-invariant mode
+# (kernels/invariant_reductions.py says where torch's depend on the batch).
+
+
+def sum_rows(x: torch.Tensor) -> torch.Tensor:
+    """Sum over the last dim."""
+    return ordered_sum(x) if batch_invariant() else x.sum(dim=-1)
+
+
+def cumsum_rows(x: torch.Tensor) -> torch.Tensor:
+    """Inclusive prefix sums over the last dim."""
+    return ordered_cumsum(x) if batch_invariant() else x.cumsum(dim=-1)
+
+
+def top_k_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) of each row's k largest, largest first (equal values: lower index first in the mode)."""
+    return ordered_top_k(x, k) if batch_invariant() else x.topk(k, dim=-1)
+
+
+def sort_rows_descending(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) sorted down each row (stable in the mode: equal values keep their index order)."""
+    return x.sort(dim=-1, descending=True, stable=batch_invariant())

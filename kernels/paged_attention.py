@@ -14,10 +14,22 @@ Layouts (per layer):
     seq_lens:     [num_seqs] int32
     query_start_loc: [num_seqs + 1] int32, cumulative query counts
 GQA: query head `h` reads KV head `h // (num_heads // num_kv_heads)`.
+
+`batch_invariant` (the mode of kernels/dispatch.py): the padded batch above is shaped by the longest query and
+context of the batch, and SDPA's blocking and reductions follow those shapes. In the mode a token's result depends
+on its own query and context only: its scores (over head_dim) and its weighted sum of values (over its positions,
+the positions after its own adding -0.0) by `ordered_sum`'s fixed trees in float32, and its softmax computed on
+exactly its own [heads, positions] rows, in a tensor of that shape (torch's CPU exponential differs in the last bit
+between its SIMD body and the scalar leftovers of a loop, so the shape a row is computed in must not change).
+Slow; for the CPU only (the GPU runs the Triton kernel's own invariant mode).
 """
 
 import torch
 import torch.nn.functional as F
+
+from specsplit.kernels.invariant_reductions import ordered_sum
+
+_BLOCK_ELEMENTS = 1 << 22  # the batch-invariant path's products held at once (tokens x heads x head_dim x context)
 
 
 def paged_attention_torch(
@@ -30,8 +42,11 @@ def paged_attention_torch(
     scale: float,
     max_query_len: int,
     max_seq_len: int,
+    batch_invariant: bool = False,
 ) -> torch.Tensor:
     """Gather each sequence's KV into a padded batch and run one masked SDPA call over all sequences."""
+    if batch_invariant:
+        return _attention_fixed_order(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale)
     num_tokens, num_heads, head_dim = query.shape
     num_seqs = seq_lens.shape[0]
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
@@ -68,3 +83,43 @@ def paged_attention_torch(
         enable_gqa=num_heads != num_kv_heads,
     ).transpose(1, 2)
     return out[query_valid]
+
+
+def _attention_fixed_order(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale):
+    num_tokens, num_heads, head_dim = query.shape
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    group = num_heads // num_kv_heads
+    accumulate = torch.float64 if query.dtype == torch.float64 else torch.float32
+    out = torch.empty_like(query)
+    starts, lens = query_start_loc.tolist(), seq_lens.tolist()
+    for seq, context in enumerate(lens):
+        first, last = starts[seq], starts[seq + 1]
+        if first == last:
+            continue
+        table = block_tables[seq, : -(-context // block_size)].long()
+        keys = key_cache[table].reshape(-1, num_kv_heads, head_dim)[:context].to(accumulate)
+        values = value_cache[table].reshape(-1, num_kv_heads, head_dim)[:context].to(accumulate)
+        keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # [heads, context, head_dim]
+        values = values.repeat_interleave(group, dim=1).permute(1, 2, 0)  # [heads, head_dim, context]
+        step = max(1, _BLOCK_ELEMENTS // (num_heads * head_dim * context))
+        for lo in range(first, last, step):
+            hi = min(lo + step, last)
+            seen = torch.arange(context - (last - lo) + 1, context - (last - hi) + 1)  # each token's position + 1
+            q = query[lo:hi].to(accumulate)[:, :, None, :]
+            scores = ordered_sum(q * keys[None]) * scale  # [tokens, heads, context]
+            weights = torch.zeros_like(scores)
+            for i, n in enumerate(seen.tolist()):
+                weights[i, :, :n] = _softmax_alone(scores[i, :, :n])
+            valid = torch.arange(context)[None, None, None, :] < seen[:, None, None, None]
+            # Positions past a token's own add -0.0 (x + -0.0 == x), so its sum is the same tree as alone.
+            weighted = torch.where(valid, weights[:, :, None, :] * values[None], -0.0)
+            out[lo:hi] = ordered_sum(weighted).to(query.dtype)
+    return out
+
+
+def _softmax_alone(scores: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dim of one token's [heads, positions] scores, computed in a tensor of its own (the
+    exponential then meets the same SIMD/scalar split as when the token is alone) and summed by the fixed tree."""
+    scores = scores.contiguous()
+    weights = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+    return weights / ordered_sum(weights)[:, None]

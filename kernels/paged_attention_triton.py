@@ -14,6 +14,16 @@ How the work is cut:
   sequence is cut into num_splits contiguous chunks, one program each; each writes its normalised partial output
   and log-sum-exp, and a second kernel merges them. The split count is chosen on the host from host ints
   (num_seqs, max_query_len, max_seq_len): no device sync.
+
+Batch-invariant mode (`batch_invariant=True`, kernels/dispatch.py): the choices above follow the batch (tile rows by
+the longest query, split count by the grid's size), so a decode row, the same row in a k+1 verification and in a
+prefill chunk add their KV in different orders. In the mode every call uses one tile shape (BLOCK_M = 64 rows: 8
+query tokens of a group of up to 8 heads, BLOCK_N = 64 keys) and a fixed split SIZE along the context
+(INVARIANT_SPLIT_TOKENS, whole BLOCK_N tiles from position 0): a row's KV tiles, splits and merge are then fixed by
+its position alone, and every tile runs the masked loop (where the first query of a tile sits does not choose the
+code a row's tile runs). Splits past a row's position contribute exact zeros (a fully masked tile leaves the running
+max, sum and accumulator as they were), and the merge adds the splits one after another in split order, so the
+number of empty splits after them (set by the batch's longest context) changes nothing.
 """
 
 import functools
@@ -31,6 +41,10 @@ _MAX_SPLITS = 128
 # One wave of the decode/verification kernels is 2 programs per SM: measured on an H100 and an H200 (split-count
 # sweep in bench/bench_kernels.py --sweep: 256 programs beat 320 or 512 on 132 SMs).
 _PROGRAMS_PER_SM = 2
+# The batch-invariant mode's split size along the context (a multiple of every BLOCK_N): short contexts run
+# unsplit as in the default mode; a 4k context is 16 splits at any batch size.
+INVARIANT_SPLIT_TOKENS = 256
+INVARIANT_BLOCK_M = 64
 
 
 @triton.jit
@@ -96,7 +110,7 @@ def _paged_attention_kernel(
     num_q_tiles, num_kv_heads, num_heads, num_splits, qk_scale,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    SPLIT_KV: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRETER: tl.constexpr,
+    SPLIT_KV: tl.constexpr, FIXED_SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, INTERPRETER: tl.constexpr,
 ):
     seq = tl.program_id(0) // num_q_tiles
     q_tile = tl.program_id(0) % num_q_tiles
@@ -132,7 +146,10 @@ def _paged_attention_kernel(
     last_token = tl.minimum(q_tile_start + BLOCK_Q, q_len) - 1
     kv_end = context_start + last_token + 1
     if SPLIT_KV:
-        chunk = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
+        if FIXED_SPLIT > 0:  # batch-invariant: split s is always positions [s * FIXED_SPLIT, (s + 1) * FIXED_SPLIT)
+            chunk = FIXED_SPLIT
+        else:
+            chunk = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
         split_lo = tl.minimum(split * chunk, kv_end)
         split_hi = tl.minimum(split_lo + chunk, kv_end)
     else:
@@ -142,6 +159,8 @@ def _paged_attention_kernel(
     first_q_pos = context_start + q_tile_start
     unmasked_hi = tl.minimum(split_hi, ((first_q_pos + 1) // BLOCK_N) * BLOCK_N)
     unmasked_hi = tl.maximum(unmasked_hi, split_lo)
+    if FIXED_SPLIT > 0:  # batch-invariant: every tile through the one masked loop, whoever shares the query tile
+        unmasked_hi = tl.minimum(unmasked_hi, split_lo)
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     # A finite floor keeps fully masked rows (in a split before their position) free of inf - inf.
@@ -181,9 +200,10 @@ def _paged_attention_kernel(
 def _merge_splits_kernel(
     part_out_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh, num_heads, num_splits,
     SPLITS_PAD: tl.constexpr, SPLIT_TILE: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, INTERPRETER: tl.constexpr,
+    BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, ORDERED: tl.constexpr, INTERPRETER: tl.constexpr,
 ):
-    """out[t, h] = sum_s exp2(lse_s - max lse) out_s / sum_s exp2(lse_s - max lse), for BLOCK_H heads of token t."""
+    """out[t, h] = sum_s exp2(lse_s - max lse) out_s / sum_s exp2(lse_s - max lse), for BLOCK_H heads of token t.
+    ORDERED (batch-invariant): both sums split by split, in split order, empty splits (lse -inf) skipped."""
     token = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     head_valid = heads < num_heads
@@ -193,17 +213,28 @@ def _merge_splits_kernel(
                   mask=head_valid[:, None] & (splits[None, :] < num_splits), other=float("-inf"))
     lse_max = tl.max(lse, axis=1)
     lse_max = tl.where(head_valid, lse_max, 0.0)
-    weight_sum = tl.sum(tl.exp2(lse - lse_max[:, None]), axis=1)
     dims = tl.arange(0, BLOCK_D)
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
-    for first in range(0, num_splits, SPLIT_TILE):
-        tile = first + tl.arange(0, SPLIT_TILE)
-        tile_valid = head_valid[:, None] & (tile[None, :] < num_splits)  # [BLOCK_H, SPLIT_TILE]
-        rows = base[:, None] + tile[None, :]
-        weights = tl.exp2(tl.load(part_lse_ptr + rows, mask=tile_valid, other=float("-inf")) - lse_max[:, None])
-        parts = tl.load(part_out_ptr + rows[:, :, None] * BLOCK_D + dims[None, None, :],
-                        mask=tile_valid[:, :, None], other=0.0)
-        acc += tl.sum(parts * weights[:, :, None], axis=1)
+    if ORDERED:
+        weight_sum = tl.zeros([BLOCK_H], dtype=tl.float32)
+        for split in range(0, num_splits):
+            split_lse = tl.load(part_lse_ptr + base + split, mask=head_valid, other=float("-inf"))
+            used = split_lse > float("-inf")
+            weight = tl.exp2(split_lse - lse_max)
+            part = tl.load(part_out_ptr + (base + split)[:, None] * BLOCK_D + dims[None, :],
+                           mask=used[:, None], other=0.0)
+            acc = tl.where(used[:, None], acc + part * weight[:, None], acc)
+            weight_sum = tl.where(used, weight_sum + weight, weight_sum)
+    else:
+        weight_sum = tl.sum(tl.exp2(lse - lse_max[:, None]), axis=1)
+        for first in range(0, num_splits, SPLIT_TILE):
+            tile = first + tl.arange(0, SPLIT_TILE)
+            tile_valid = head_valid[:, None] & (tile[None, :] < num_splits)  # [BLOCK_H, SPLIT_TILE]
+            rows = base[:, None] + tile[None, :]
+            weights = tl.exp2(tl.load(part_lse_ptr + rows, mask=tile_valid, other=float("-inf")) - lse_max[:, None])
+            parts = tl.load(part_out_ptr + rows[:, :, None] * BLOCK_D + dims[None, None, :],
+                            mask=tile_valid[:, :, None], other=0.0)
+            acc += tl.sum(parts * weights[:, :, None], axis=1)
     out = acc / tl.where(head_valid, weight_sum, 1.0)[:, None]
     out_mask = head_valid[:, None] & (dims[None, :] < HEAD_DIM)
     tl.store(out_ptr + token * stride_ot + heads[:, None] * stride_oh + dims[None, :],
@@ -258,9 +289,13 @@ def paged_attention_triton(
     num_warps: int | None = None,
     num_stages: int | None = None,
     out: torch.Tensor | None = None,
+    batch_invariant: bool = False,
+    split_tokens: int = INVARIANT_SPLIT_TOKENS,
 ) -> torch.Tensor:
     """Same contract as `paged_attention_torch`. Keyword-only knobs for tests and benchmarks: force the split
-    count or tile shape, or pass `out` ([num_tokens, num_heads, head_dim], query's dtype) to write into."""
+    count or tile shape, or pass `out` ([num_tokens, num_heads, head_dim], query's dtype) to write into.
+    `batch_invariant`: the mode's fixed tiles and split size (the knobs must then be left unset); `split_tokens`, its
+    split size (tests use smaller ones to reach several splits with short contexts)."""
     num_tokens, num_heads, head_dim = query.shape
     num_seqs = seq_lens.shape[0]
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
@@ -271,7 +306,17 @@ def paged_attention_triton(
         return out
     assert key_cache.stride(3) == 1 and value_cache.stride(3) == 1 and query.stride(2) == 1 and out.stride(2) == 1
 
-    block_q, block_m = choose_tiles(max_query_len, group)
+    fixed_split = 0
+    if batch_invariant:
+        assert num_splits is None and block_n is None and num_warps is None, "the mode fixes the kernel's shape"
+        assert split_tokens % 64 == 0, "a split is whole KV tiles"
+        group_pad = triton.next_power_of_2(group)
+        block_m = max(INVARIANT_BLOCK_M, group_pad)
+        block_q = block_m // group_pad
+        fixed_split = split_tokens
+        num_splits = triton.cdiv(max(max_seq_len, 1), fixed_split)
+    else:
+        block_q, block_m = choose_tiles(max_query_len, group)
     num_q_tiles = triton.cdiv(max(max_query_len, 1), block_q)
     if num_splits is None:
         num_splits = choose_num_splits(num_seqs, num_kv_heads, num_q_tiles, max_seq_len, _sm_count(query.device))
@@ -305,7 +350,7 @@ def paged_attention_triton(
         num_q_tiles, num_kv_heads, num_heads, num_splits, scale * _LOG2E,
         GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_Q=block_q, BLOCK_M=block_m,
         BLOCK_N=block_n, BLOCK_D=block_d, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        SPLIT_KV=num_splits > 1, DOT_PRECISION=precision, INTERPRETER=interpreter,
+        SPLIT_KV=num_splits > 1, FIXED_SPLIT=fixed_split, DOT_PRECISION=precision, INTERPRETER=interpreter,
         num_warps=num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
@@ -318,6 +363,7 @@ def paged_attention_triton(
         _merge_splits_kernel[(num_tokens, triton.cdiv(num_heads, block_h))](
             part_out, part_lse, out, out.stride(0), out.stride(1), num_heads, num_splits,
             SPLITS_PAD=splits_pad, SPLIT_TILE=min(splits_pad, 128 if on_gpu else 16), BLOCK_H=block_h,
-            BLOCK_D=block_d, HEAD_DIM=head_dim, INTERPRETER=interpreter, num_warps=8 if splits_pad >= 64 else 4,
+            BLOCK_D=block_d, HEAD_DIM=head_dim, ORDERED=batch_invariant, INTERPRETER=interpreter,
+            num_warps=8 if splits_pad >= 64 else 4,
         )
     return out

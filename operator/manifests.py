@@ -129,13 +129,15 @@ def coordinator_command(instance: str, spec: DeploymentSpec) -> list[str]:
 
 
 def worker_command(role: str, model: str, tensor_parallel_size: int, tls: InternalTLS | None = None,
-                   worker_auth: str | None = None) -> list[str]:
+                   worker_auth: str | None = None, batch_invariant: bool = False) -> list[str]:
     """`model`: for a draft, what its pool runs (draft_source.py): a model, or the n-gram proposer's flags."""
     source = draft_flags(model) if role == naming.DRAFT else ["--model", model]
     command = ["specsplit", role, *source,
                "--port", str(naming.GRPC_PORT), "--metrics-port", str(naming.METRICS_PORT), "--metrics-host", "0.0.0.0"]
     if tensor_parallel_size > 1:  # one process per GPU of the pod; this one serves as rank 0
         command += ["--tensor-parallel-size", str(tensor_parallel_size)]
+    if batch_invariant and not is_ngram(model):  # the n-gram proposer runs no kernels
+        command.append("--batch-invariant")
     return command + grpc_security.worker_args(tls, worker_auth)
 
 
@@ -167,7 +169,7 @@ def worker_deployment(instance: str, spec: DeploymentSpec, component: str, role:
         resources = dataclasses.replace(resources, gpus=0)
     return _deployment(instance, spec, component, replicas=replicas,
                        command=worker_command(command_role, model, role.tensor_parallel_size, spec.tls,
-                                              spec.worker_auth_secret_name),
+                                              spec.worker_auth_secret_name, spec.batch_invariant),
                        resources=resources, extra_volumes=volumes + secret_volumes,
                        extra_mounts=mounts + secret_mounts,
                        health_check=grpc_security.health_check(tls_served=spec.tls is not None),

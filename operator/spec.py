@@ -153,6 +153,8 @@ class DeploymentSpec:
     # A Secret whose key `secret` every worker call must carry; None: workers are admitted by mutual TLS, or
     # (neither set) run with --allow-unauthenticated behind their NetworkPolicy. The Helm chart always sets one.
     worker_auth_secret_name: str | None = None
+    # Workers run --batch-invariant: greedy output bit-exact to the target alone at any batch (needs unsharded pools).
+    batch_invariant: bool = False
 
 
 _REQUIRED = object()
@@ -441,7 +443,7 @@ def parse_spec(raw: Mapping[str, Any] | None, name: str | None = None) -> Deploy
                       f"characters starting with a letter, to name the Services NAME-target, NAME-draft-canary, ...")
     top = _Fields(raw, "spec", errors)
     top.only("image", "imagePullPolicy", "imagePullSecrets", "numSpeculativeTokens", "target", "draft", "coordinator",
-             "canary", "autoscaling", "modelCache", "telemetry", "tls", "workerAuth")
+             "canary", "autoscaling", "modelCache", "telemetry", "tls", "workerAuth", "batchInvariant")
     image = top.string("image")
     pull_policy = top.string("imagePullPolicy", None, choices=PULL_POLICIES)
     pull_secrets = _image_pull_secrets(top)
@@ -451,6 +453,10 @@ def parse_spec(raw: Mapping[str, Any] | None, name: str | None = None) -> Deploy
     if draft.tensor_parallel_size > target.tensor_parallel_size:
         errors.append(f"spec.draft.tensorParallelSize: the draft ({draft.tensor_parallel_size}) must not be sharded "
                       f"over more GPUs than the target ({target.tensor_parallel_size})")
+    batch_invariant = top.boolean("batchInvariant", False)
+    if batch_invariant and max(target.tensor_parallel_size, draft.tensor_parallel_size) > 1:
+        errors.append("spec.batchInvariant: needs target and draft tensorParallelSize 1 (the all-reduce between "
+                      "shards sums in an order chosen by the batch's size)")
 
     coordinator_fields = top.child("coordinator")
     coordinator_fields.only("replicas", "resources", "port", "httpPort", "tls", "auth")
@@ -497,6 +503,7 @@ def parse_spec(raw: Mapping[str, Any] | None, name: str | None = None) -> Deploy
         otlp_endpoint=telemetry.string("otlpEndpoint", None),
         tls=_internal_tls(top.child("tls")) if top.has("tls") else None,
         worker_auth_secret_name=_worker_auth(top.child("workerAuth")) if top.has("workerAuth") else None,
+        batch_invariant=batch_invariant,
     )
     if errors:
         raise InvalidSpecError(errors)

@@ -13,6 +13,7 @@ from specsplit.services.errors import InvalidArgument
 from specsplit.services.models.loader import LoadedModel, load_model
 from specsplit.services.models.layout_calibration import role_rows, use_calibrated_layout
 from specsplit.services.models.weight_formats import target_weight_request
+from specsplit.services.runtime.batch_invariance import check_tensor_parallel_sizes
 from specsplit.services.runtime.model_runner import ModelRunner
 from specsplit.services.sampling_params import SamplingParams
 from specsplit.services.target.acceptance_method import AcceptancePolicy
@@ -78,6 +79,7 @@ class LocalEngine:
             raise InvalidArgument(f"proposer must be 'model' or 'ngram', not {proposer!r}")
         if proposer == "ngram" and draft is not None:
             raise InvalidArgument("the n-gram proposer uses no draft model; give draft=None")
+        check_tensor_parallel_sizes({"target": target_tensor_parallel_size, "draft": draft_tensor_parallel_size})
         ngram = proposer == "ngram" and num_speculative_tokens > 0
         speculative = draft is not None and num_speculative_tokens > 0
         runner_options = dict(num_blocks=num_kv_blocks, block_size=block_size, prefix_caching=prefix_caching)

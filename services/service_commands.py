@@ -9,6 +9,7 @@ import sys
 from specsplit.services.coordinator.call_deadlines import add_call_deadline_args, deadline_settings_from_args
 from specsplit.services.draft.proposer_flags import add_proposer_args, ngram_options, proposer_argv
 from specsplit.services.models.weight_formats import DRAFT_ONLY_FORMATS, WEIGHT_FORMATS
+from specsplit.services.runtime.batch_invariance import check_tensor_parallel_sizes
 from specsplit.services.runtime.cpu_threads import add_threads_arg, apply_threads
 from specsplit.services.rpc.security import ChannelSecurity, add_server_tls_args, read_tokens, server_security_from_args
 from specsplit.services.rpc.worker_credentials import WORKER_SECRET_ENV, load_worker_secret, new_worker_secret
@@ -65,6 +66,7 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
             colocated.add_argument("--target", default="", help="HOST:PORT[,...] of other target replicas to fail "
                                    "over to (this one is preferred while it is live)")
             add_coordinating_args(colocated)
+        add_batch_invariant_arg(p)
         add_server_tls_args(p)
         add_worker_secret_args(p, worker=True)
         add_metrics_port_arg(p)
@@ -105,6 +107,7 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
     add_speculation_arg(s)
     add_acceptance_args(s)
     add_logprobs_switch_arg(s)
+    add_batch_invariant_arg(s)
     for role in ("target", "draft", "coordinator"):
         s.add_argument(f"--{role}-threads", type=int, default=0, metavar="N",
                        help=f"intra-op CPU threads of the {role} process (0 = "
@@ -174,6 +177,23 @@ def add_tensor_parallel_args(p) -> None:
                    help="shard the target over N GPUs (processes; gloo on the CPU)")
     p.add_argument("--draft-tensor-parallel-size", type=int, default=1, metavar="M",
                    help="shard the draft over M GPUs (usually 1: a small draft gains little from sharding)")
+
+
+def add_batch_invariant_arg(p) -> None:
+    """`--batch-invariant` (serve, target, draft, generate --local): applied for the whole process by cli.main."""
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="batch-invariant kernels: a sequence's every result is bit for bit the same whatever else is "
+                   "batched with it, so greedy speculative output equals the target alone's exactly, in bf16 too "
+                   "(slower matmuls; needs tensor-parallel size 1 and dense weights)")
+
+
+def batch_invariant_argv(args) -> list[str]:
+    """What `serve` hands its workers: the flag, once the sizes it cannot serve are refused."""
+    if not args.batch_invariant:
+        return []
+    check_tensor_parallel_sizes({"target": args.target_tensor_parallel_size, "draft": args.draft_tensor_parallel_size},
+                                on=True)
+    return ["--batch-invariant"]
 
 
 def add_logprobs_switch_arg(p) -> None:
@@ -322,6 +342,7 @@ def _run_serve(args) -> int:
     speculating = bool(args.draft) or ngram
     k = args.num_speculative_tokens if args.num_speculative_tokens is not None else 4
     model_flags = ["--dtype", args.dtype, "--device", args.device, "--block-size", str(args.block_size)]
+    model_flags += batch_invariant_argv(args)
     worker_metrics = ["--metrics-port", "0" if args.metrics_port >= 0 else "-1"]
     if args.num_kv_blocks:
         model_flags += ["--num-kv-blocks", str(args.num_kv_blocks)]

@@ -194,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--tls-server-name", default=None, help="name to verify in the coordinator's certificate (--server)")
     _add_sampling_args(gen)
     _add_model_args(gen)
-    from specsplit.services.service_commands import add_logprobs_switch_arg, add_speculation_arg, add_weight_format_args
+    from specsplit.services.service_commands import (add_batch_invariant_arg, add_logprobs_switch_arg, add_speculation_arg,
+                                                     add_weight_format_args)
     from specsplit.services.target.acceptance_flags import add_acceptance_args
 
     add_weight_format_args(gen)
@@ -204,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_acceptance_args(gen, deployment=False)
     add_logprobs_switch_arg(gen)
     add_speculation_arg(gen)
+    add_batch_invariant_arg(gen)  # --local
     from specsplit.services.draft.proposer_flags import add_proposer_args
 
     add_proposer_args(gen)  # --local
@@ -245,6 +247,13 @@ def main(argv=None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from specsplit.services.errors import SpecsplitError
 
+    if getattr(args, "batch_invariant", False):
+        if getattr(args, "server", None):
+            raise SystemExit("--batch-invariant is a setting of the models' processes (generate --local, serve, "
+                             "target, draft), not of a client")
+        from specsplit.kernels.dispatch import set_batch_invariant
+
+        set_batch_invariant(True)
     try:
         return args.handler(args) or 0
     except SpecsplitError as error:

@@ -5,18 +5,27 @@ name; q/k/v and gate/up are fused once at load time into single matmuls. The for
 tokens from many sequences (no padding): the attention metadata says which tokens belong to which sequence and
 where their KV lives.
 
-A layer is four matmuls and four fused steps (kernels/dispatch.py: Triton on a GPU, the torch references on the
-CPU): add + RMSNorm, rotary + KV write, paged attention, SiLU * up. The residual stream travels beside the normed
+A layer is four matmuls (`Linear`, through kernels/dispatch.py's `linear`: torch's matmul, or the batch-invariant
+mode's GEMM) and four fused steps (kernels/dispatch.py: Triton on a GPU, the torch references on the CPU):
+add + RMSNorm, rotary + KV write, paged attention, SiLU * up. The residual stream travels beside the normed
 activations so each residual add happens inside the next norm; the arithmetic is transformers' own, op for op.
 """
 
 import torch
 from torch import nn
 
-from specsplit.kernels.dispatch import add_rms_norm, paged_attention, rotary_kv, silu_mul
+from specsplit.kernels.dispatch import add_rms_norm, linear, paged_attention, rotary_kv, silu_mul
 from specsplit.services.models.config import DecoderConfig
 from specsplit.services.models.rotary import RotaryEmbedding
 from specsplit.services.runtime.attention_metadata import AttentionMetadata
+
+
+class Linear(nn.Linear):
+    """nn.Linear whose product goes through the kernels' one matmul entry point. The CPU weight layouts
+    (models/weight_formats.py) replace it like any nn.Linear."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
 
 
 class RMSNorm(nn.Module):
@@ -39,8 +48,8 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_bias)
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_bias)
         self.scale = config.head_dim**-0.5
 
     def forward(self, hidden, positions, rotary: RotaryEmbedding, meta: AttentionMetadata, kv_cache):
@@ -58,8 +67,8 @@ class MLP(nn.Module):
     def __init__(self, config: DecoderConfig):
         super().__init__()
         self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x):
         return self.down_proj(silu_mul(self.gate_up_proj(x)))
@@ -97,7 +106,7 @@ class CausalDecoder(nn.Module):
         self.config = config
         self.model = DecoderModel(config)
         self.rotary = RotaryEmbedding(config.hf_config, config.head_dim)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 

@@ -29,6 +29,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from specsplit.kernels.dispatch import batch_invariant
 from specsplit.services.models.weight_formats import (
     LINEAR_LAYOUTS,
     _int8_available,
@@ -124,7 +125,7 @@ def choose_layout(loaded, requested: str, role: str, rows: dict[int, float], tim
     if loaded.weight_format != "dense":  # converted by its caller already: keep what it holds
         return LayoutChoice(loaded.weight_format, role, rows, source="held")
     param = next(loaded.model.parameters())
-    if param.device.type != "cpu" or param.dtype != torch.float32:
+    if param.device.type != "cpu" or param.dtype != torch.float32 or batch_invariant():
         return LayoutChoice(resolve_weight_format("auto", role, param.device, param.dtype), role, rows, source="defaults")
     candidates = candidate_layouts(role)
     if os.environ.get(LAYOUTS_ENV, "calibrate") == "defaults" or len(candidates) == 1:

@@ -14,6 +14,10 @@
 
 "auto" picks the defaults above for float32 on the CPU and dense everywhere else; the services and the in-process
 engine resolve "auto" by measurement instead (layout_calibration.py), falling back to these defaults.
+
+The batch-invariant mode (kernels/dispatch.py) needs dense: its matmul is one fixed-order formulation over the
+dense weight, where oneDNN's packed GEMM blocks by the row count and int8 quantizes activations per call (so one
+row's result would depend on the others'). "auto" is then dense, and the other formats are refused.
 """
 
 import os
@@ -22,6 +26,7 @@ import warnings
 import torch
 from torch import nn
 
+from specsplit.kernels.dispatch import batch_invariant
 from specsplit.services.errors import InvalidArgument
 
 WEIGHT_FORMATS = ("auto", "dense", "packed", "int8", "bf16")
@@ -61,6 +66,11 @@ def target_weight_request(requested: str, speculative: bool) -> str:
 def resolve_weight_format(requested: str, role: str, device: torch.device, dtype: torch.dtype) -> str:
     if requested not in WEIGHT_FORMATS:
         raise InvalidArgument(f"weight format must be one of {', '.join(WEIGHT_FORMATS)}, not {requested!r}")
+    if batch_invariant():
+        if requested not in ("auto", "dense"):
+            raise InvalidArgument(f"the {requested} weight format is not batch-invariant: --batch-invariant needs "
+                                  f"dense weights (or auto)")
+        return "dense"
     on_cpu_fp32 = torch.device(device).type == "cpu" and dtype == torch.float32
     if requested == "auto":
         if not on_cpu_fp32:

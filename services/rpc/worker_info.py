@@ -1,5 +1,6 @@
 """A worker's self-description (model, context, KV use), served by Describe and read by the coordinator."""
 
+from specsplit.kernels.dispatch import batch_invariant
 from specsplit.proto.v1 import worker_pb2
 
 
@@ -11,7 +12,8 @@ def worker_info(role, model_name, runner, sequences, batcher, proposer: str = ""
     if runner is None:
         return worker_pb2.WorkerInfo(role=role, model=model_name, vocab_size=0, max_model_len=max_model_len,
                                      sequences=len(sequences), queue_depth=batcher.queue_depth,
-                                     sequences_prefilled=sequences.created_total, proposer=proposer)
+                                     sequences_prefilled=sequences.created_total, proposer=proposer,
+                                     batch_invariant=batch_invariant())
     manager = runner.block_manager
     return worker_pb2.WorkerInfo(
         role=role,
@@ -27,4 +29,5 @@ def worker_info(role, model_name, runner, sequences, batcher, proposer: str = ""
         model_path=runner.loaded.path if with_path else "",
         sequences_prefilled=sequences.created_total,
         proposer=proposer,
+        batch_invariant=batch_invariant(),
     )

@@ -10,6 +10,7 @@ from specsplit.services.models.loader import load_model
 from specsplit.services.models.layout_calibration import role_rows, use_calibrated_layout
 from specsplit.services.rpc.server import start_server
 from specsplit.services.rpc.worker_credentials import is_loopback, listen_host, worker_secret_interceptor
+from specsplit.services.runtime.batch_invariance import check_tensor_parallel_sizes
 from specsplit.services.runtime.model_runner import ModelRunner
 from specsplit.services.telemetry import round_timeline
 from specsplit.services.telemetry.service_observability import observe_worker
@@ -30,6 +31,7 @@ def build_worker_service(role: str, model: str, dtype="float32", device="cpu", n
         sizes = {k: v for k, v in (("max_n", ngram_max), ("min_n", ngram_min)) if v is not None}
         ngram = NgramProposer(**sizes)
         return DraftService(ngram, f"ngram[{ngram.min_n}-{ngram.max_n}]"), "specsplit.v1.DraftWorker"
+    check_tensor_parallel_sizes({role: tensor_parallel_size})
     if tensor_parallel_size > 1:
         from specsplit.services.models.weight_formats import target_weight_request
         from specsplit.services.runtime.tensor_parallel_launch import start_tensor_parallel_runner

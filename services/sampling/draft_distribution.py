@@ -6,14 +6,14 @@ full distribution — and keeps a proposal to kilobytes. Greedy requests have K 
 
 import torch
 
-from specsplit.kernels.dispatch import sample_from_probs
+from specsplit.kernels.dispatch import sample_from_probs, sum_rows, top_k_rows
 
 
 def sparse_draft_distribution(probs: torch.Tensor, support: int) -> tuple[torch.Tensor, torch.Tensor]:
     """probs [N, V] -> (token ids [N, K] int64, renormalised probs [N, K] float32), highest first."""
     support = min(support, probs.shape[-1])
-    top_probs, top_ids = probs.topk(support, dim=-1)
-    return top_ids, top_probs / top_probs.sum(dim=-1, keepdim=True)
+    top_probs, top_ids = top_k_rows(probs, support)
+    return top_ids, top_probs / sum_rows(top_probs)[:, None]
 
 
 def sample_sparse(ids: torch.Tensor, probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:

@@ -2,11 +2,17 @@
 
 Greedy rows (temperature 0) become one-hot at the argmax, which makes greedy decoding a special case of the same
 rejection sampler (see kernels/rejection_sampling.py).
+
+The sort and the cumulative sum of top-p go through kernels/dispatch.py, which fixes their order in the
+batch-invariant mode; the softmax is torch's row kernel (one row per block on a GPU, per thread on the CPU: a row's
+result does not depend on the others).
 """
 
 from dataclasses import dataclass
 
 import torch
+
+from specsplit.kernels.dispatch import batch_invariant, cumsum_rows, sort_rows_descending
 
 
 @dataclass(frozen=True)
@@ -42,7 +48,7 @@ def processed_probs(
 
 
 def _mask_top_k_top_p(scaled, top_k, top_p, needs_top_k, needs_top_p):
-    sorted_logits, sorted_index = scaled.sort(dim=-1, descending=True)
+    sorted_logits, sorted_index = sort_rows_descending(scaled)
     vocab = scaled.shape[-1]
     ranks = torch.arange(vocab, device=scaled.device)[None, :]
     remove = torch.zeros_like(sorted_logits, dtype=torch.bool)
@@ -51,9 +57,13 @@ def _mask_top_k_top_p(scaled, top_k, top_p, needs_top_k, needs_top_p):
         remove |= ranks >= k[:, None]
     if needs_top_p:
         sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
-        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        cumulative = cumsum_rows(sorted_logits.softmax(dim=-1))
         # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass before it already does.
-        remove |= (cumulative - sorted_logits.softmax(dim=-1)) >= top_p[:, None]
+        mass_before = cumulative - sorted_logits.softmax(dim=-1)
+        if batch_invariant():  # a row without top-p keeps every token, as when no row of its batch uses top-p
+            remove |= (mass_before >= top_p[:, None]) & (top_p < 1.0)[:, None]
+        else:
+            remove |= mass_before >= top_p[:, None]
         remove[:, 0] = False
     mask = torch.zeros_like(remove).scatter(1, sorted_index, remove)
     return scaled.masked_fill(mask, float("-inf"))

@@ -2,6 +2,7 @@
 
 import torch
 
+from specsplit.kernels.dispatch import top_k_rows
 from specsplit.services.sampling.token_logprob import TokenLogprob
 
 
@@ -10,7 +11,7 @@ def token_logprobs(logits: torch.Tensor, token_ids: list[int], top_n: int) -> li
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     chosen = logprobs.gather(1, torch.tensor(token_ids, device=logits.device)[:, None]).squeeze(1).tolist()
     if top_n > 0:
-        top_values, top_ids = logprobs.topk(top_n, dim=-1)
+        top_values, top_ids = top_k_rows(logprobs, top_n)
         tops = [list(zip(i, v)) for i, v in zip(top_ids.tolist(), top_values.tolist())]
     else:
         tops = [[] for _ in token_ids]

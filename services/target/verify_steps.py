@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from specsplit.kernels.counter_rng import STREAM_ACCEPT, STREAM_SAMPLE
-from specsplit.kernels.dispatch import counter_uniform, rejection_sample, typical_accept
+from specsplit.kernels.dispatch import counter_uniform, rejection_sample, top_k_rows, typical_accept
 from specsplit.services.runtime.device_block_tables import UPDATE_SLOTS
 from specsplit.services.runtime.step_inputs import Field, StepLayout
 from specsplit.services.sampling.logits_processing import SamplingFlags, processed_probs
@@ -137,7 +137,7 @@ def pack_decision(decision: Decision, logits: torch.Tensor | None) -> torch.Tens
     if logits is not None:
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         chosen = logprobs.gather(2, decision.output.clamp(min=0)[..., None]).squeeze(-1)
-        top_values, top_ids = logprobs.topk(min(MAX_LOGPROBS, logprobs.shape[-1]), dim=-1)
+        top_values, top_ids = top_k_rows(logprobs, min(MAX_LOGPROBS, logprobs.shape[-1]))
         n = logits.shape[0]
         parts += [chosen.view(torch.int32), top_ids.to(torch.int32).reshape(n, -1),
                   top_values.contiguous().view(torch.int32).reshape(n, -1)]

@@ -260,3 +260,15 @@ def test_each_pool_gets_its_affinity_and_env_and_the_canary_the_drafts():
         assert [e for e in env(role) if e["name"] == "OTEL_SERVICE_NAME"] == [env(role)[-1]], role
     assert not [e for e in env("coordinator") if e["name"] in ("NCCL_DEBUG", "HF_TOKEN")]
 
+
+
+def test_batch_invariance_reaches_every_model_pool_and_only_them():
+    values = {"speculativeDeployment": {"batchInvariant": True}, "canary": {"enabled": True, "model": "draft-v2"}}
+    assert speculative_deployment(render(values))["spec"]["batchInvariant"] is True
+    pods = _by_component_of(values)
+    for component in ("target", "draft", "draft-canary"):
+        assert "--batch-invariant" in pods[component]["containers"][0]["command"], component
+    assert "--batch-invariant" not in pods["coordinator"]["containers"][0].get("command", [])
+    assert "batchInvariant" not in speculative_deployment(render({}))["spec"]
+    assert all("--batch-invariant" not in p["containers"][0].get("command", [])
+               for p in _by_component("defaults").values())

@@ -79,6 +79,10 @@ TEMPLATE_REJECTIONS = {
         {"operator": {"watchNamespaces": ["other"]}},
         "operator.watchNamespaces (other) leaves out the release namespace ml, where the chart creates its "
         "SpeculativeDeployment"),
+    "batch invariance with a sharded target": (
+        {"speculativeDeployment": {"batchInvariant": True},
+         "target": {"tensorParallelSize": 2, "resources": {"requests": {GPU: 2}, "limits": {GPU: 2}}}},
+        "speculativeDeployment.batchInvariant needs target.tensorParallelSize and draft.tensorParallelSize 1"),
     "no service account": ({"operator": {"serviceAccount": {"create": False}}},
                            "operator.serviceAccount.name is required when operator.serviceAccount.create is false"),
 }
@@ -112,3 +116,4 @@ def test_the_same_values_pass_when_consistent():
     render({"coordinator": {"tls": {"enabled": True, "secretName": "public-tls"},
                             "auth": {"enabled": True, "tokenSecretName": "api-tokens"}}})
     render({"target": {"extraEnv": [{"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]}})
+

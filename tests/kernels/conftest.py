@@ -24,6 +24,7 @@ _KERNEL_MODULES = (
     "specsplit.kernels.rounding_triton",
     "specsplit.kernels.counter_rng_triton",
     "specsplit.kernels.kv_write_triton",
+    "specsplit.kernels.linear_triton",
     "specsplit.kernels.paged_attention_triton",
     "specsplit.kernels.rejection_sampling_triton",
     "specsplit.kernels.rms_norm_triton",

@@ -260,3 +260,19 @@ def test_a_sharded_draft_runs_one_process_per_gpu_of_its_pod() -> None:
         assert command[command.index("--tensor-parallel-size") + 1] == degree
         assert container(deployment)["resources"]["limits"] == {"nvidia.com/gpu": degree}
         assert {"name": "dshm", "mountPath": "/dev/shm"} in container(deployment)["volumeMounts"]
+
+
+def test_batch_invariance_reaches_every_model_worker() -> None:
+    spec = parse_spec({"image": "registry.example/specsplit:0.1.0", "batchInvariant": True,
+                       "target": {"model": "big"}, "draft": {"model": "small"}, "canary": {"model": "draft-v2"}})
+    built = {(obj["kind"], obj["metadata"]["name"]): obj for obj in build_objects(OWNER, spec, PLAN)}
+    for name in ("coder-target", "coder-draft", "coder-draft-canary"):
+        assert container(built[("Deployment", name)])["command"][-2:] == ["--batch-invariant",
+                                                                           "--allow-unauthenticated"], name
+    assert "--batch-invariant" not in container(built[("Deployment", "coder-coordinator")])["command"]
+    ngram = parse_spec({"image": "registry.example/specsplit:0.1.0", "batchInvariant": True,
+                        "target": {"model": "big"}, "draft": {"proposer": "ngram"}})
+    plan = RolloutPlan(target_replicas=1, draft_replicas=1, draft_model=ngram.draft.model, canary_model=None,
+                       canary_weight=0)
+    ngram_built = {(obj["kind"], obj["metadata"]["name"]): obj for obj in build_objects(OWNER, ngram, plan)}
+    assert "--batch-invariant" not in container(ngram_built[("Deployment", "coder-draft")])["command"]

@@ -136,6 +136,9 @@ def test_every_problem_is_reported_with_its_field() -> None:
     ({"draft": {"model": "small", "affinity": {"podAffinity": {
         "preferredDuringSchedulingIgnoredDuringExecution": {"weight": 1}}}}},
      "spec.draft.affinity.podAffinity.preferredDuringSchedulingIgnoredDuringExecution: must be a list of objects"),
+    ({"batchInvariant": "yes"}, "spec.batchInvariant: must be true or false"),
+    ({"batchInvariant": True, "target": {"model": "big", "tensorParallelSize": 2}},
+     "spec.batchInvariant: needs target and draft tensorParallelSize 1"),
 ])
 def test_single_problems(bad: dict[str, Any], fragment: str) -> None:
     errors = errors_of({**MINIMAL, **bad})
@@ -281,3 +284,12 @@ def test_draft_sharded_over_fewer_gpus_than_the_target() -> None:
                        "draft": {"model": "small", "tensorParallelSize": 2}})
     assert (spec.target.tensor_parallel_size, spec.target.resources.gpus) == (4, 4)
     assert (spec.draft.tensor_parallel_size, spec.draft.resources.gpus) == (2, 2)
+
+
+def test_batch_invariance_is_off_unless_set() -> None:
+    assert parse_spec(MINIMAL).batch_invariant is False
+    assert parse_spec({**MINIMAL, "batchInvariant": True}).batch_invariant is True
+    spec_schema = schema()["properties"]["spec"]
+    assert spec_schema["properties"]["batchInvariant"]["default"] is False
+    assert any("batchInvariant" in rule["rule"] for rule in spec_schema["x-kubernetes-validations"])
+    jsonschema.Draft4Validator(spec_schema).validate({**MINIMAL, "batchInvariant": True})

@@ -1,7 +1,9 @@
 """The engine on a CUDA GPU (Triton kernels) against the CPU torch path, on tiny models. Skipped without CUDA.
 
 fp32: greedy output must be token-for-token the CPU's. bf16: rounding differs from fp32, so greedy paths may part
-at near-ties; the match rate is printed (run with -s) and recorded, not asserted exact.
+at near-ties from the CPU's; the match rate is printed (run with -s) and recorded. In the default mode bf16
+speculation may part from bf16 target-only decoding too (a verification's k+1 rows and a decode's one row round
+differently); in the batch-invariant mode it must not: those tests assert bit-exact identity.
 """
 
 import asyncio
@@ -9,7 +11,9 @@ import asyncio
 import pytest
 import torch
 
-from specsplit.kernels.dispatch import use_triton
+from invariance_scenarios import PROMPTS as INVARIANCE_PROMPTS
+from invariance_scenarios import alone, check_greedy, check_seeded, greedy, run, save_flat_pair
+from specsplit.kernels.dispatch import BATCH_INVARIANT_ENV, use_triton
 from specsplit.services.local_engine import LocalEngine
 from specsplit.services.sampling_params import SamplingParams
 from engine_runs import generate_tokens
@@ -69,19 +73,25 @@ def test_sampling_on_gpu_is_seeded_and_runs(tiny_pair):
     assert all(len(t) == MAX_TOKENS for t in first)
 
 
-def test_bf16_greedy_match_rate_is_reported(tiny_pair, cpu_reference, record_property):
+@pytest.mark.parametrize("invariant", [False, True], ids=["default", "batch-invariant"])
+def test_bf16_greedy_match_rate_is_reported(tiny_pair, cpu_reference, record_property, monkeypatch, invariant):
+    """Both modes record the match rates; the batch-invariant mode asserts speculative == target-only."""
+    monkeypatch.setenv(BATCH_INVARIANT_ENV, "1" if invariant else "0")
     engine = LocalEngine(tiny_pair["target"], tiny_pair["close"], num_speculative_tokens=4, dtype="bfloat16",
                          device="cuda")
     target_only, speculative = generate(engine, 0), generate(engine, 4)
     rate_target_only = match_rate(target_only, cpu_reference)
     rate_speculative = match_rate(speculative, cpu_reference)
     self_rate = match_rate(speculative, target_only)
-    record_property("bf16_greedy_match_rate_target_only_vs_cpu_fp32", rate_target_only)
-    record_property("bf16_greedy_match_rate_speculative_vs_cpu_fp32", rate_speculative)
-    record_property("bf16_greedy_match_rate_speculative_vs_bf16_target_only", self_rate)
-    print(f"\nbf16 greedy match rate vs CPU fp32: target-only {rate_target_only:.3f}, speculative "
+    mode = "batch_invariant" if invariant else "default"
+    record_property(f"bf16_{mode}_greedy_match_rate_target_only_vs_cpu_fp32", rate_target_only)
+    record_property(f"bf16_{mode}_greedy_match_rate_speculative_vs_cpu_fp32", rate_speculative)
+    record_property(f"bf16_{mode}_greedy_match_rate_speculative_vs_bf16_target_only", self_rate)
+    print(f"\nbf16 ({mode}) greedy match rate vs CPU fp32: target-only {rate_target_only:.3f}, speculative "
           f"{rate_speculative:.3f}; speculative vs bf16 target-only {self_rate:.3f}")
     assert all(len(t) == MAX_TOKENS for t in target_only + speculative)
+    if invariant:
+        assert speculative == target_only
 
 
 def graph_keys(runner, name: str) -> list:
@@ -228,3 +238,61 @@ def test_cuda_graphs_on_a_second_gpu(tiny_pair, cpu_reference):
     engine = LocalEngine(target, draft, num_speculative_tokens=4)
     assert generate(engine, 4) == cpu_reference
     assert engine.draft_runner.graphs.steps and engine.target_runner.graphs.steps
+
+
+# -- the batch-invariant mode at serving batch sizes (tests/invariance_scenarios.py) ----------------------------
+
+INVARIANT_MAX_TOKENS = 32
+INVARIANT_BATCHES = (1, 8, 32, 64)
+
+
+@pytest.fixture(scope="module")
+def flat_pair(tmp_path_factory):
+    return save_flat_pair(tmp_path_factory.mktemp("flat"))
+
+
+@pytest.fixture(scope="module")
+def invariant_reference(flat_pair):
+    """bf16 target-only greedy tokens of every prompt alone, in the batch-invariant mode (graphs on)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(BATCH_INVARIANT_ENV, "1")
+        engine = LocalEngine(flat_pair["target"], None, num_speculative_tokens=0, dtype="bfloat16", device="cuda")
+        prompts = INVARIANCE_PROMPTS[:max(INVARIANT_BATCHES)]
+        return alone(engine, [(p, greedy(INVARIANT_MAX_TOKENS, 0)) for p in prompts])
+
+
+@pytest.mark.parametrize("draft", ["close", "unrelated"])
+def test_batch_invariant_bf16_greedy_speculation_equals_target_only_alone(flat_pair, invariant_reference, draft,
+                                                                          monkeypatch):
+    monkeypatch.setenv(BATCH_INVARIANT_ENV, "1")
+    engine = LocalEngine(flat_pair["target"], flat_pair[draft], num_speculative_tokens=4, dtype="bfloat16",
+                         device="cuda", speculation="fixed")
+    assert engine.target_runner.graphs is not None
+    seen = check_greedy(engine, invariant_reference, INVARIANT_BATCHES, INVARIANT_MAX_TOKENS)
+    if draft == "close":
+        assert seen["longest_catch_up"] == 2
+    assert engine.kv_blocks_used() == {"target": 0, "draft": 0}
+    adaptive = LocalEngine(flat_pair["target"], flat_pair[draft], num_speculative_tokens=4, dtype="bfloat16",
+                           device="cuda")
+    batch = [(p, greedy(INVARIANT_MAX_TOKENS, None)) for p in INVARIANCE_PROMPTS[:32]]
+    assert run(adaptive, batch) == invariant_reference[:32]
+
+
+def test_batch_invariant_bf16_seeded_sampling_does_not_depend_on_the_batch(flat_pair, monkeypatch):
+    monkeypatch.setenv(BATCH_INVARIANT_ENV, "1")
+    engine = LocalEngine(flat_pair["target"], flat_pair["close"], num_speculative_tokens=4, dtype="bfloat16",
+                         device="cuda", speculation="fixed")
+    check_seeded(engine, batch=32, max_tokens=INVARIANT_MAX_TOKENS)
+
+
+def test_default_mode_bf16_match_rate_on_flat_models_is_reported(flat_pair, invariant_reference, record_property,
+                                                                 monkeypatch):
+    """The contrast (recorded, not asserted): the same flat models in the default mode, batch 32, k = 4."""
+    monkeypatch.setenv(BATCH_INVARIANT_ENV, "0")
+    engine = LocalEngine(flat_pair["target"], flat_pair["unrelated"], num_speculative_tokens=4, dtype="bfloat16",
+                         device="cuda", speculation="fixed")
+    got = run(engine, [(p, greedy(INVARIANT_MAX_TOKENS, 4)) for p in INVARIANCE_PROMPTS[:32]])
+    reference = alone(engine, [(p, greedy(INVARIANT_MAX_TOKENS, 0)) for p in INVARIANCE_PROMPTS[:32]])
+    same = sum(a == b for a, b in zip(got, reference))
+    record_property("bf16_default_flat_batch32_sequences_equal_to_target_only_alone", same)
+    print(f"\ndefault mode, bf16, flat models, batch 32, k=4: {same}/32 sequences equal target-only alone")

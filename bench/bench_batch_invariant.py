@@ -1,0 +1,269 @@
+"""The batch-invariant mode (--batch-invariant) on one GPU: correctness first, then what it costs, side by side with
+the default mode in the same process. Random-weight Qwen2.5 shapes, bf16 (models built as bench_gpu_e2e.py does).
+
+1. Correctness. A 7B-shaped target and an unrelated 0.5B-shaped draft, greedy, 64 prompts of 32 random tokens,
+   `--check-tokens` tokens each. Reference: the target alone, each prompt at batch 1. At every batch of
+   `--check-batches`, target-only decoding and speculation with k = 4 (fixed) must give every sequence its reference
+   tokens in the mode; so must adaptive k at the largest batch, and the 7B drafting for itself must have every
+   proposal accepted (the draft's one-row steps and the target's k+1-row verification agree bit for bit). The
+   default mode's counts are reported beside them for contrast.
+2. Matmuls. The mode's GEMM (kernels/linear_triton.py) against cuBLAS (F.linear) on the 7B's and the 0.5B's weight
+   shapes at 1 to 160 rows (a verification of k = 4 at batch 32), device time per call from CUDA-graph replays; and
+   with K unsplit, to see what the split buys. `--sweep` adds other tile shapes and splits (kernel compiles: minutes).
+3. Speed. Target-only decoding and speculation (SYNTHETIC acceptance alpha = 0.7, k = 4: NOT lossless, a benchmark
+   mode, services/target/synthetic_acceptance.py) in tokens/s at each of `--batches`, the two modes' engines run
+   in turns; `mode_vs_default` = the mode's tokens/s / the default's (issue 30's goal: >= 0.85 at batch 1-32).
+
+Writes $OUT/batch_invariant.json (else bench/results/). From the repository root, one GPU:
+    python3 bench/bench_batch_invariant.py [--batches 1,8,32] [--check-batches 1,8,32,64]
+A smoke run on the CPU (tiny models, no matmul section): SPECSPLIT_BENCH_DEVICE=cpu SPECSPLIT_BENCH_VOCAB=257
+    python3 bench/bench_batch_invariant.py --target-size tiny --draft-size tiny --check-batches 1,4 --batches 1
+"""
+
+import argparse
+import asyncio
+import dataclasses
+import gc
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+
+import bench_gpu_e2e  # noqa: E402
+from bench_common import print_table, write_results  # noqa: E402
+from bench_gpu_e2e import DEVICE, K, hf_random_model, loaded_from_hf, prompts, run_local  # noqa: E402
+from specsplit.kernels.dispatch import set_batch_invariant  # noqa: E402
+from specsplit.services.coordinator.coordinator import CoordinatorConfig  # noqa: E402
+from specsplit.services.local_engine import LocalEngine  # noqa: E402
+from specsplit.services.sampling_params import SamplingParams  # noqa: E402
+
+ALPHA = 0.7
+MODES = {False: "default", True: "batch_invariant"}
+RESULTS: dict = {"rows": []}
+
+
+def log(*args):
+    print(*args, flush=True)
+
+
+def engine(target, draft, mode: bool, speculation: str = "fixed") -> LocalEngine:
+    """An engine whose CUDA graphs are captured in `mode` (graphs keep the kernels of the mode they were taken in)."""
+    set_batch_invariant(mode)
+    return LocalEngine(target, draft, num_speculative_tokens=K, prefix_caching=False,
+                       coordinator_config=CoordinatorConfig(max_num_seqs=256, speculation=speculation))
+
+
+def greedy_tokens(eng: LocalEngine, prompt_ids: list[list[int]], k: int | None, max_tokens: int):
+    """Token ids and acceptance counts of greedy requests run at once (k None: the engine's policy chooses)."""
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, num_speculative_tokens=k, temperature=0.0)
+
+    async def main():
+        results = await asyncio.gather(*(eng.generate(p, params) for p in prompt_ids))
+        await eng.coordinator.wait_idle()
+        return results
+
+    results = asyncio.run(main())
+    return ([r.token_ids for r in results], sum(r.stats.accepted_tokens for r in results),
+            sum(r.stats.draft_tokens for r in results))
+
+
+def correctness(target, draft, check_batches: list[int], max_tokens: int) -> dict:
+    all_prompts = prompts(max(check_batches))
+    summary = {}
+    for mode in (True, False):
+        name = MODES[mode]
+        t0 = time.perf_counter()
+        alone_engine = engine(target, None, mode)
+        reference = [greedy_tokens(alone_engine, [p], 0, max_tokens)[0][0] for p in all_prompts]
+        del alone_engine
+        _release()
+        speculative = engine(target, draft, mode)
+        checks = []
+        for batch in check_batches:
+            for kind, k in (("target_only", 0), (f"k={K}", K)):
+                out, accepted, drafted = greedy_tokens(speculative, all_prompts[:batch], k, max_tokens)
+                same = sum(a == b for a, b in zip(out, reference))
+                checks.append({"mode": name, "batch": batch, "run": kind, "equal_to_target_alone": same,
+                               "sequences": batch, "accepted_per_drafted": accepted / drafted if drafted else None})
+        del speculative
+        _release()
+        adaptive = engine(target, draft, mode, speculation="adaptive")
+        batch = max(check_batches)
+        out, accepted, drafted = greedy_tokens(adaptive, all_prompts[:batch], None, max_tokens)
+        checks.append({"mode": name, "batch": batch, "run": "adaptive k", "sequences": batch,
+                       "equal_to_target_alone": sum(a == b for a, b in zip(out, reference)),
+                       "accepted_per_drafted": accepted / drafted if drafted else None})
+        del adaptive
+        _release()
+        self_draft = engine(target, target, mode)
+        batch = min(8, max(check_batches))
+        out, accepted, drafted = greedy_tokens(self_draft, all_prompts[:batch], K, max_tokens)
+        checks.append({"mode": name, "batch": batch, "run": "the target drafting for itself", "sequences": batch,
+                       "equal_to_target_alone": sum(a == b for a, b in zip(out, reference)),
+                       "accepted_per_drafted": accepted / drafted})
+        del self_draft
+        _release()
+        for row in checks:
+            log(row)
+        RESULTS["rows"] += [{"section": "correctness", **row} for row in checks]
+        exact = all(r["equal_to_target_alone"] == r["sequences"] for r in checks)
+        self_accepted = checks[-1]["accepted_per_drafted"]
+        summary[name] = {"every_sequence_equal_to_target_alone": exact,
+                         "sequences_equal": sum(r["equal_to_target_alone"] for r in checks),
+                         "sequences": sum(r["sequences"] for r in checks),
+                         "self_draft_acceptance": self_accepted, "seconds": time.perf_counter() - t0}
+        log(name, summary[name])
+    summary["passed"] = (summary["batch_invariant"]["every_sequence_equal_to_target_alone"]
+                         and summary["batch_invariant"]["self_draft_acceptance"] == 1.0)
+    return summary
+
+
+# --sweep: tile shapes (block_n, block_k, num_stages, num_warps) tried beside the chosen one, each unsplit, with the
+# chosen split and with twice it, at 1 and 32 rows of the 7B's shapes: data for kernels/linear_triton.gemm_config.
+SWEEP_TILES = ((64, 64, 4, 4), (64, 128, 3, 4), (128, 64, 4, 4), (128, 128, 3, 8))
+
+
+def matmuls(target, draft, sweep: bool, rows_list=(1, 8, 32, 160)) -> list[dict]:
+    """Device time per call (CUDA-graph replays) of each distinct weight shape, cuBLAS against the mode's GEMM."""
+    import torch.nn.functional as F
+    from bench_kernels import graph_us
+    from specsplit.kernels.linear_triton import GemmConfig, gemm_config, linear_triton, sm_count
+
+    rows_out = []
+    for model_name, loaded in (("7b", target), ("0.5b", draft)):
+        layer = loaded.model.model.layers[0]
+        layers = {"qkv_proj": layer.self_attn.qkv_proj, "o_proj": layer.self_attn.o_proj,
+                  "gate_up_proj": layer.mlp.gate_up_proj, "down_proj": layer.mlp.down_proj,
+                  "lm_head": loaded.model.lm_head}
+        for name, linear in layers.items():
+            weight, bias = linear.weight, linear.bias
+            n, k = weight.shape
+            chosen = gemm_config(n, k, weight.dtype, sm_count(weight.device))
+            unsplit = dataclasses.replace(chosen, split_k=1, k_per_split=-(-k // chosen.block_k) * chosen.block_k)
+            for m in rows_list:
+                x = torch.randn(m, k, device=weight.device, dtype=weight.dtype)
+                times = {"cublas_us": graph_us(lambda: F.linear(x, weight, bias), 20),
+                         "mode_us": graph_us(lambda: linear_triton(x, weight, bias), 20),
+                         "mode_unsplit_us": graph_us(lambda: linear_triton(x, weight, bias, config=unsplit), 20)}
+                row = {"section": "matmul", "model": model_name, "layer": name, "n": n, "k": k, "rows": m,
+                       "split_k": chosen.split_k, "tile": f"{chosen.block_m}x{chosen.block_n}x{chosen.block_k}",
+                       **times, "mode_vs_cublas": times["cublas_us"] / times["mode_us"]}
+                rows_out.append(row)
+                log(row)
+            if not sweep or model_name != "7b":
+                continue
+            for block_n, block_k, stages, warps in SWEEP_TILES:
+                k_blocks = -(-k // block_k)
+                for split in sorted({1, chosen.split_k, min(2 * chosen.split_k, k_blocks)}):
+                    per_split = -(-k_blocks // split)
+                    splits = -(-k_blocks // per_split)
+                    cfg = GemmConfig(64, block_n, block_k, splits, per_split * block_k, warps, stages)
+                    for m in (1, 32):
+                        x = torch.randn(m, k, device=weight.device, dtype=weight.dtype)
+                        row = {"section": "matmul_sweep", "model": model_name, "layer": name, "rows": m,
+                               "tile": f"64x{block_n}x{block_k}", "stages": stages, "warps": warps,
+                               "split_k": cfg.split_k,
+                               "mode_us": graph_us(lambda: linear_triton(x, weight, bias, config=cfg), 20),
+                               "cublas_us": graph_us(lambda: F.linear(x, weight, bias), 20)}
+                        rows_out.append(row)
+                        log(row)
+    return rows_out
+
+
+def speed(target, draft, batches: list[int], max_tokens: int) -> list[dict]:
+    engines = {mode: engine(target, draft, mode) for mode in (False, True)}
+    for mode, eng in engines.items():  # first calls compile kernels and capture graphs
+        set_batch_invariant(mode)
+        run_local(eng, 2, K, 16)
+        run_local(eng, 2, 0, 16)
+    rows = []
+    for batch in batches:
+        for kind, k in (("decode", 0), ("speculative", K)):
+            measured = {}
+            for mode, eng in engines.items():
+                set_batch_invariant(mode)
+                eng.verifier.synthetic_acceptance = ALPHA if k else None  # benchmark-only, labelled below
+                run_local(eng, batch, k, max_tokens)  # the same run once untimed: nothing left to capture
+                measured[mode] = run_local(eng, batch, k, max_tokens)
+                eng.verifier.synthetic_acceptance = None
+            for mode, run in measured.items():
+                row = {"section": "speed", "mode": MODES[mode], "run": kind, "batch": batch, "k": k,
+                       "alpha": ALPHA if k else None, "acceptance": "synthetic" if k else None, **run,
+                       "mode_vs_default": run["tokens_per_s_total"] / measured[False]["tokens_per_s_total"]}
+                rows.append(row)
+                log(row)
+    del engines
+    gc.collect()
+    _empty_cache()
+    return rows
+
+
+def _release():
+    """Free a dropped engine's KV cache and graph pools now (engines sit in reference cycles)."""
+    gc.collect()
+    _empty_cache()
+
+
+def _empty_cache():
+    if DEVICE != "cpu":
+        torch.cuda.empty_cache()
+
+
+def save():
+    write_results("batch_invariant", RESULTS["rows"], {k: v for k, v in RESULTS.items() if k != "rows"})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--target-size", default="7b")
+    parser.add_argument("--draft-size", default="0.5b")
+    parser.add_argument("--check-batches", default="1,8,32,64")
+    parser.add_argument("--check-tokens", type=int, default=32)
+    parser.add_argument("--batches", default="1,8,32")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per configuration; the median is kept")
+    parser.add_argument("--skip-matmuls", action="store_true")
+    parser.add_argument("--sweep", action="store_true", help="also time other GEMM tile shapes and splits (slow)")
+    args = parser.parse_args()
+    bench_gpu_e2e.REPEATS = args.repeats
+    started = time.perf_counter()
+    RESULTS.update({"k": K, "alpha": ALPHA, "dtype": "bfloat16", "max_tokens": args.max_tokens,
+                    "models": f"random-weight Qwen2.5 shapes ({args.draft_size} draft, {args.target_size} target)",
+                    "acceptance_note": "speed rows with acceptance=synthetic use the NOT-LOSSLESS synthetic mode"})
+    hf_draft = hf_random_model(args.draft_size, seed=1)
+    draft = loaded_from_hf(hf_draft, f"random-qwen2.5-{args.draft_size}")
+    del hf_draft
+    hf_target = hf_random_model(args.target_size, seed=2)
+    target = loaded_from_hf(hf_target, f"random-qwen2.5-{args.target_size}")
+    del hf_target
+    gc.collect()
+    _empty_cache()
+    log(f"models built in {time.perf_counter() - started:.0f}s")
+
+    RESULTS["correctness"] = correctness(target, draft, [int(b) for b in args.check_batches.split(",")],
+                                         args.check_tokens)
+    save()
+    if DEVICE != "cpu" and not args.skip_matmuls:
+        RESULTS["rows"] += matmuls(target, draft, args.sweep)
+        save()
+    RESULTS["rows"] += speed(target, draft, [int(b) for b in args.batches.split(",")], args.max_tokens)
+    RESULTS["seconds"] = time.perf_counter() - started
+    save()
+
+    print(f"\ncorrectness: {RESULTS['correctness']}")
+    print_table([r for r in RESULTS["rows"] if r["section"] == "correctness"],
+                ["mode", "batch", "run", "equal_to_target_alone", "sequences", "accepted_per_drafted"])
+    if any(r["section"] == "matmul" for r in RESULTS["rows"]):
+        print_table([r for r in RESULTS["rows"] if r["section"] == "matmul"],
+                    ["model", "layer", "rows", "split_k", "cublas_us", "mode_us", "mode_unsplit_us", "mode_vs_cublas"])
+    print_table([r for r in RESULTS["rows"] if r["section"] == "speed"],
+                ["run", "batch", "mode", "tokens_per_s_total", "mode_vs_default"])
+    print(f"total {RESULTS['seconds']:.0f}s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""The batch-invariant mode's kernels (kernels/dispatch.py): each Triton kernel against its torch reference, and the
+property itself for both: a row's output is bit for bit the same computed alone, in batches of other sizes, at
+other positions, in a k+1 verification or a prefill chunked another way."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from paged_batch_inputs import make_paged_batch, naive_attention, relative_error
+from specsplit.kernels import dispatch
+from specsplit.kernels.invariant_reductions import ordered_cumsum, ordered_sum, ordered_top_k
+from specsplit.kernels.linear import linear_torch
+from specsplit.kernels.linear_triton import GemmConfig, gemm_config, linear_triton
+from specsplit.kernels.paged_attention import paged_attention_torch
+from specsplit.kernels.paged_attention_triton import paged_attention_triton
+from specsplit.kernels.rms_norm import add_rms_norm_torch
+from specsplit.kernels.rms_norm_triton import add_rms_norm_triton
+from specsplit.kernels.silu_mul import silu_mul_torch
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+# -- row reductions -----------------------------------------------------------------------------------------------
+
+def test_ordered_sum_is_unchanged_by_padding_and_neighbours(generator):
+    rows = torch.randn(5, 37, generator=generator)
+    alone = torch.stack([ordered_sum(row) for row in rows])
+    assert torch.equal(ordered_sum(rows), alone)
+    padded = torch.cat([rows, torch.full((5, 91), -0.0)], dim=-1)
+    assert torch.equal(ordered_sum(padded), alone)
+    assert torch.allclose(alone.double(), rows.double().sum(-1), atol=1e-5)
+    # -0.0 padding keeps a negative zero negative (a +0.0 pad would not).
+    assert torch.signbit(ordered_sum(torch.tensor([-0.0, -0.0, -0.0])))
+
+
+def test_ordered_cumsum_matches_a_running_sum(generator):
+    rows = torch.randn(3, 100, generator=generator).double()
+    assert torch.allclose(ordered_cumsum(rows), rows.cumsum(-1), atol=1e-12)
+    assert torch.equal(ordered_cumsum(rows[1:2]), ordered_cumsum(rows)[1:2])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_ordered_top_k_breaks_ties_by_index(dtype):
+    x = torch.tensor([[0.5, -1.0, 0.5, 2.0, -0.0, 0.0, -3.0, 2.0, 0.5]], dtype=dtype)
+    values, indices = ordered_top_k(x, 6)
+    assert indices.tolist() == [[3, 7, 0, 2, 8, 4]]
+    assert torch.equal(values, x.gather(1, indices))
+    many = torch.cat([torch.rand(4, 9, dtype=dtype), x, torch.zeros(3, 9, dtype=dtype)])
+    assert torch.equal(ordered_top_k(many, 6)[1][4:5], indices)
+    assert ordered_top_k(torch.zeros(1, 9, dtype=dtype), 3)[1].tolist() == [[0, 1, 2]]
+
+
+# -- the switch and the linear entry point ---------------------------------------------------------------------
+
+def test_switch_reads_the_environment_at_each_call(monkeypatch):
+    monkeypatch.setenv(dispatch.BATCH_INVARIANT_ENV, "0")  # so that monkeypatch restores it after the setter
+    monkeypatch.delenv(dispatch.BATCH_INVARIANT_ENV)
+    assert not dispatch.batch_invariant()
+    dispatch.set_batch_invariant(True)
+    assert dispatch.batch_invariant()
+    dispatch.set_batch_invariant(False)
+    assert not dispatch.batch_invariant()
+    monkeypatch.setenv(dispatch.BATCH_INVARIANT_ENV, "yes")
+    with pytest.raises(ValueError, match="must be 0 or 1"):
+        dispatch.batch_invariant()
+
+
+def test_linear_is_torchs_own_by_default_and_the_fixed_order_one_in_the_mode(monkeypatch, generator):
+    x, w, b = torch.randn(6, 40, generator=generator), torch.randn(24, 40, generator=generator), torch.randn(24)
+    monkeypatch.setenv(dispatch.BATCH_INVARIANT_ENV, "0")
+    assert torch.equal(dispatch.linear(x, w, b), F.linear(x, w, b))
+    monkeypatch.setenv(dispatch.BATCH_INVARIANT_ENV, "1")
+    monkeypatch.setenv(dispatch.ENV_VAR, "torch")
+    assert torch.equal(dispatch.linear(x, w, b), linear_torch(x, w, b))
+
+
+# -- linear: the Triton GEMM and its reference ----------------------------------------------------------------
+
+def _row_invariance(fn, x, rows=(0, 5, 69)):
+    """fn(x[subset]) for batches of other sizes and positions must give each row of fn(x) bit for bit."""
+    full = fn(x)
+    for r in rows:
+        assert torch.equal(fn(x[r:r + 1])[0], full[r]), f"row {r} alone"
+        others = torch.cat([x[r:r + 1].roll(1, dims=-1), x[r:r + 1]])  # the row second, beside another
+        assert torch.equal(fn(others)[1], full[r]), f"row {r} at position 1 of 2"
+        tail = x[max(r - 16, 0):r + 1]  # a batch of up to 17 ending with the row
+        assert torch.equal(fn(tail)[-1], full[r]), f"row {r} at the end of {tail.shape[0]}"
+    return full
+
+
+SPLIT_CONFIG = GemmConfig(block_m=64, block_n=64, block_k=32, split_k=3, k_per_split=96, num_warps=4, num_stages=3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("config", [None, SPLIT_CONFIG], ids=["chosen", "split-k"])
+def test_linear_triton_matches_reference_and_is_row_invariant(dtype, config, device, generator):
+    # 70 rows: two row-tiles of 64; K = 200 ends inside a K block; N = 100 inside a column tile.
+    x = torch.randn(70, 200, generator=generator).to(dtype=dtype, device=device)
+    w = (torch.randn(100, 200, generator=generator) / 10).to(dtype=dtype, device=device)
+    b = torch.randn(100, generator=generator).to(dtype=dtype, device=device)
+    got = _row_invariance(lambda rows: linear_triton(rows, w, b, config=config), x)
+    want = linear_torch(x.cpu(), w.cpu(), b.cpu())
+    exact = x.double().cpu() @ w.double().cpu().T + b.double().cpu()
+    tolerance = 1e-6 if dtype == torch.float32 else 8e-3  # one rounding to bf16 of outputs near 1-10
+    assert relative_error(got, exact) < tolerance and relative_error(want, exact) < tolerance
+
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.float64])
+def test_linear_reference_is_row_invariant(dtype, generator):
+    x = torch.randn(70, 130, generator=generator).to(dtype)
+    w = torch.randn(33, 130, generator=generator).to(dtype)
+    full = _row_invariance(lambda rows: linear_torch(rows, w), x)
+    assert full.dtype == dtype and full.shape == (70, 33)
+    assert torch.equal(linear_torch(x.reshape(7, 10, 130), w).reshape(70, 33), full)
+
+
+def test_gemm_config_depends_on_the_weight_only():
+    # The 7B's shapes on an H100 (132 SMs): narrow layers split K to fill the SMs with one row-tile.
+    qkv, o_proj, gate_up = (gemm_config(n, k, torch.bfloat16, 132) for n, k in
+                            ((4608, 3584), (3584, 3584), (37888, 3584)))
+    assert (qkv.split_k, o_proj.split_k, gate_up.split_k) == (6, 8, 1)
+    for cfg, k in ((qkv, 3584), (o_proj, 3584)):
+        assert cfg.k_per_split % cfg.block_k == 0 and (cfg.split_k - 1) * cfg.k_per_split < k <= cfg.split_k * cfg.k_per_split
+
+
+# -- paged attention --------------------------------------------------------------------------------------------
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE = 8, 2, 32, 16
+
+
+def _sequences(contexts, dtype, device, generator):
+    """A paged cache holding the given sequences, and every position's query of each."""
+    batch = make_paged_batch([1] * len(contexts), contexts, HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, torch.float32,
+                             device, generator)
+    queries = [torch.randn(c, HEADS, HEAD_DIM, generator=generator).to(dtype=dtype, device=device) for c in contexts]
+    return batch.key_cache.to(dtype), batch.value_cache.to(dtype), batch.block_tables, queries
+
+
+def _attend(attention, cache, parts):
+    """One call over `parts` = [(sequence, first position, query count)]; returns each part's output rows."""
+    key_cache, value_cache, tables, queries = cache
+    device = key_cache.device
+    query = torch.cat([queries[s][first:first + n] for s, first, n in parts])
+    starts = [0]
+    for _, _, n in parts:
+        starts.append(starts[-1] + n)
+    seq_lens = [first + n for _, first, n in parts]
+    out = attention(query, key_cache, value_cache, tables[[s for s, _, _ in parts]],
+                    torch.tensor(seq_lens, dtype=torch.int32, device=device),
+                    torch.tensor(starts, dtype=torch.int32, device=device), HEAD_DIM**-0.5,
+                    max(n for _, _, n in parts), max(seq_lens))
+    return [out[a:b] for a, b in zip(starts, starts[1:])]
+
+
+def _triton_invariant(*args):
+    return paged_attention_triton(*args, batch_invariant=True, split_tokens=64)
+
+
+def _torch_invariant(*args):
+    return paged_attention_torch(*args, batch_invariant=True)
+
+
+@pytest.mark.parametrize("path, dtype", [("triton", torch.bfloat16), ("torch", torch.bfloat16),
+                                         ("torch", torch.float32)])
+def test_attention_row_is_the_same_in_every_arrangement(path, dtype, device, generator):
+    attention = _triton_invariant if path == "triton" else _torch_invariant
+    if path == "torch":
+        device = torch.device("cpu")
+    # Sequence 0 (100 tokens: 2 splits of 64), 1 (40 tokens), 2 (200 tokens: 4 splits, the batch's longest).
+    cache = _sequences([100, 40, 200], dtype, device, generator)
+    p = 90  # the position under test, in sequence 0's second split
+    decode_alone = _attend(attention, cache, [(0, p, 1)])[0][0]
+    arrangements = {
+        "verification of k+1 = 5 (third row)": _attend(attention, cache, [(0, p - 2, 5)])[0][2],
+        "verification beside a decode and a prefill chunk": (
+            _attend(attention, cache, [(1, 39, 1), (0, p - 4, 5), (2, 150, 50)])[1][4]),
+        "whole prompt as one prefill": _attend(attention, cache, [(0, 0, 100)])[0][p],
+        "prefill chunk starting at 60": _attend(attention, cache, [(2, 0, 16), (0, 60, 40)])[1][p - 60],
+        "catch-up of two, second row": _attend(attention, cache, [(0, p - 1, 2), (1, 0, 40)])[0][1],
+    }
+    for name, row in arrangements.items():
+        assert torch.equal(row, decode_alone), name
+
+
+@pytest.mark.parametrize("dtype, contexts", [(torch.float32, [300, 40, 200, 7]), (torch.bfloat16, [300, 40, 200, 7]),
+                                            (torch.bfloat16, [60, 40, 9, 7])], ids=["fp32", "bf16", "bf16-one-split"])
+def test_attention_invariant_modes_match_the_exact_attention(dtype, contexts, device, generator):
+    batch = make_paged_batch([1, 5, 3, 7], contexts, HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, torch.float32,
+                             device, generator).to(dtype)
+    want = naive_attention(batch)
+    tolerance = 1e-5 if dtype == torch.float32 else 1.5e-2
+    assert relative_error(paged_attention_triton(*batch.args(), batch_invariant=True), want) < tolerance
+    cpu = batch.to(dtype)
+    cpu_args = [a.cpu() if torch.is_tensor(a) else a for a in cpu.args()]
+    assert relative_error(paged_attention_torch(*cpu_args, batch_invariant=True), want) < tolerance
+
+
+# -- RMSNorm and SiLU -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_rows_are_invariant(dtype, device, generator):
+    # Each row carries its residual beside it: [x | residual].
+    rows = torch.randn(70, 2 * 96, generator=generator).to(dtype)
+    weight = torch.randn(96, generator=generator).to(dtype)
+
+    def ordered(r):
+        return add_rms_norm_torch(r[:, :96], r[:, 96:], weight, 1e-6, ordered=True)[0]
+
+    def on_device(r):
+        r = r.to(device)
+        return add_rms_norm_triton(r[:, :96], r[:, 96:], weight.to(device), 1e-6)[0]
+
+    got = _row_invariance(ordered, rows)
+    default = add_rms_norm_torch(rows[:, :96], rows[:, 96:], weight, 1e-6)[0]
+    torch.testing.assert_close(got, default, rtol=1e-2, atol=1e-2)
+    _row_invariance(on_device, rows)
+
+
+def test_silu_mul_row_by_row_is_invariant_and_equals_the_batched_values(generator):
+    gate_up = torch.randn(70, 256, generator=generator).to(torch.bfloat16)
+    full = _row_invariance(lambda rows: silu_mul_torch(rows, row_by_row=True), gate_up)
+    torch.testing.assert_close(full, silu_mul_torch(gate_up), rtol=1e-2, atol=1e-2)
