@@ -2,6 +2,10 @@
 
 from specsplit.proto.v1 import worker_pb2
 
+# Over how many GPUs (processes) the worker's model is sharded, where the proto carries it
+# (`uint32 tensor_parallel_size = 14;` in WorkerInfo).
+_REPORTS_DEGREE = "tensor_parallel_size" in worker_pb2.WorkerInfo.DESCRIPTOR.fields_by_name
+
 
 def worker_info(role, model_name, runner, sequences, batcher, proposer: str = "", max_model_len: int = 0,
                 with_path: bool = True) -> worker_pb2.WorkerInfo:
@@ -13,7 +17,7 @@ def worker_info(role, model_name, runner, sequences, batcher, proposer: str = ""
                                      sequences=len(sequences), queue_depth=batcher.queue_depth,
                                      sequences_prefilled=sequences.created_total, proposer=proposer)
     manager = runner.block_manager
-    return worker_pb2.WorkerInfo(
+    info = worker_pb2.WorkerInfo(
         role=role,
         model=model_name,
         vocab_size=runner.vocab_size,
@@ -28,3 +32,6 @@ def worker_info(role, model_name, runner, sequences, batcher, proposer: str = ""
         sequences_prefilled=sequences.created_total,
         proposer=proposer,
     )
+    if _REPORTS_DEGREE:
+        info.tensor_parallel_size = getattr(runner, "tensor_parallel_size", 1)
+    return info

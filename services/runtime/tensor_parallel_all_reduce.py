@@ -129,9 +129,7 @@ def _peer_ops_missing(group) -> str | None:
     """Why this rank cannot run the peer-to-peer all-reduces, or None."""
     if not hasattr(torch.ops, "symm_mem") or not hasattr(torch.ops.symm_mem, "one_shot_all_reduce_copy"):
         return f"torch {torch.__version__} has no symm_mem.one_shot_all_reduce_copy"
-    try:
-        from torch._C._distributed_c10d import _SymmetricMemory  # noqa: F401
-    except ImportError:
+    if not hasattr(torch._C._distributed_c10d, "_SymmetricMemory"):
         return "this torch build has no symmetric memory"
     first = group.device.index - group.rank
     for rank in range(group.world_size):
