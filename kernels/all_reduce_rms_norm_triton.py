@@ -33,19 +33,24 @@ MAX_PROGRAMS = 16
 
 
 @triton.jit
-def _barrier(pad_ptrs, pid, RANK: tl.constexpr, WORLD: tl.constexpr):
-    """Program `pid` of every rank meets program `pid` of every other rank."""
+def _barrier(pad_ptrs, pid, RANK: tl.constexpr, WORLD: tl.constexpr, MAX_SPINS: tl.constexpr):
+    """Program `pid` of every rank meets program `pid` of every other rank. MAX_SPINS > 0 gives up after that many
+    tries per flag (a setup check that must not hang a GPU whose peers never come); 0 waits as long as it takes."""
     tl.debug_barrier()  # this program's stores to its slot come before its signals
     for peer in tl.static_range(WORLD):
         if peer != RANK:
             peer_pad = tl.load(pad_ptrs + peer).to(tl.pointer_type(tl.int32))
-            while tl.atomic_cas(peer_pad + pid * WORLD + RANK, 0, 1, sem="release", scope="sys") != 0:
-                pass
+            spins = 0
+            while (tl.atomic_cas(peer_pad + pid * WORLD + RANK, 0, 1, sem="release", scope="sys") != 0) & (
+                    (MAX_SPINS == 0) | (spins < MAX_SPINS)):
+                spins += 1
     for peer in tl.static_range(WORLD):
         if peer != RANK:
             own_pad = tl.load(pad_ptrs + RANK).to(tl.pointer_type(tl.int32))
-            while tl.atomic_cas(own_pad + pid * WORLD + peer, 1, 0, sem="acquire", scope="sys") != 1:
-                pass
+            spins = 0
+            while (tl.atomic_cas(own_pad + pid * WORLD + peer, 1, 0, sem="acquire", scope="sys") != 1) & (
+                    (MAX_SPINS == 0) | (spins < MAX_SPINS)):
+                spins += 1
     tl.debug_barrier()
 
 
@@ -54,7 +59,7 @@ def _all_reduce_add_rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, slot_ptrs, pad_ptrs,
     rows, hidden, eps, stride_x, stride_r, stride_o, stride_ro,
     RANK: tl.constexpr, WORLD: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
-    INTERPRETER: tl.constexpr,
+    MAX_SPINS: tl.constexpr, INTERPRETER: tl.constexpr,
 ):
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
@@ -65,7 +70,7 @@ def _all_reduce_add_rms_norm_kernel(
     for row in range(pid, rows, programs):
         x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
         tl.store(own_slot + row * hidden + cols, x, mask=mask)
-    _barrier(pad_ptrs, pid, RANK, WORLD)
+    _barrier(pad_ptrs, pid, RANK, WORLD, MAX_SPINS)
     for row in range(pid, rows, programs):
         offset = row * hidden
         first = tl.load(slot_ptrs).to(tl.pointer_type(dtype))
@@ -88,11 +93,12 @@ def _all_reduce_add_rms_norm_kernel(
 
 def all_reduce_add_rms_norm_triton(
     x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-    slot_ptrs: torch.Tensor, pad_ptrs: torch.Tensor, rank: int, world_size: int,
+    slot_ptrs: torch.Tensor, pad_ptrs: torch.Tensor, rank: int, world_size: int, max_spins: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x: this rank's partial rows [tokens, hidden]. slot_ptrs [world_size] int64 (on x's device): the address of
     every rank's buffer slot for this call, each holding at least tokens * hidden elements of x's dtype;
-    pad_ptrs [world_size] int64: every rank's signal pad (zeroed, at least MAX_PROGRAMS * world_size int32)."""
+    pad_ptrs [world_size] int64: every rank's signal pad (zeroed, at least MAX_PROGRAMS * world_size int32).
+    `max_spins` > 0: a barrier that waits longer gives up (the results are then wrong: checks only)."""
     tokens, hidden = x.shape
     out = torch.empty(tokens, hidden, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
     residual_out = torch.empty_like(x)
@@ -102,7 +108,7 @@ def all_reduce_add_rms_norm_triton(
             x, residual if residual is not None else x, weight, out, residual_out, slot_ptrs, pad_ptrs,
             tokens, hidden, eps, x.stride(0), (residual if residual is not None else x).stride(0), out.stride(0),
             residual_out.stride(0),
-            RANK=rank, WORLD=world_size, HAS_RESIDUAL=residual is not None, BLOCK=block,
+            RANK=rank, WORLD=world_size, HAS_RESIDUAL=residual is not None, BLOCK=block, MAX_SPINS=max_spins,
             INTERPRETER=x.device.type == "cpu", num_warps=4 if block <= 2048 else 8,
         )
     return out, residual_out

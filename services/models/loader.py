@@ -60,7 +60,7 @@ def load_model(model: str, dtype: str | torch.dtype = "float32", device: str | t
     config = DecoderConfig.from_hf(hf_config)
     with torch.device("meta"):
         decoder = CausalDecoder(config)
-    decoder = decoder.to_empty(device=device).to(torch_dtype)
+    decoder = decoder.to(torch_dtype).to_empty(device=device)  # cast on meta: memory for the final dtype only
     if config.tie_word_embeddings:
         decoder.lm_head.weight = decoder.model.embed_tokens.weight
     # Rotary frequencies stay float32 whatever the weights' dtype.

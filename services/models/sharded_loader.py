@@ -45,7 +45,7 @@ def load_model_shard(model: str, rank: int, world_size: int, group, dtype="float
     with torch.device("meta"):
         decoder = CausalDecoder(plan.shard_config())
         shard_decoder(decoder, plan, group)
-    decoder = decoder.to_empty(device=device).to(torch_dtype)
+    decoder = decoder.to(torch_dtype).to_empty(device=device)  # cast on meta: memory for the final dtype only
     decoder.rotary = RotaryEmbedding(hf_config, full.head_dim).to(device)
     files = sorted(glob.glob(str(path / "*.safetensors")))
     settings = random_weights_settings(path)

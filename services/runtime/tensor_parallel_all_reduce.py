@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 MODE_ENV = "SPECSPLIT_TP_ALL_REDUCE"
 MODES = ("auto", "nccl", "symm", "fused")
 PEER_MAX_BYTES = int(os.environ.get("SPECSPLIT_TP_PEER_MAX_BYTES", 1 << 20))
+CHECK_MAX_SPINS = 1 << 20  # a second or so of polling a flag over NVLink: the check's barrier then gives up
 _PEER_DTYPES = (torch.bfloat16, torch.float32)  # what torch's one-shot kernels take
 
 
@@ -114,9 +115,10 @@ class AllReduce:
             ok = torch.equal(got, expected) if self.group.world_size == 2 else torch.allclose(
                 got.float(), expected.float(), rtol=1e-2, atol=1e-2)
             want = add_rms_norm(got, residual, weight, 1e-6)  # the fused kernel sums in the one-shot's rank order
-            if mode == "fused":
+            if mode == "fused":  # its barrier gives up rather than hang here if the ranks never meet
                 for slot in (0, 1):
-                    normed, summed = self.peer.fused_add_rms_norm(partial, residual, weight, 1e-6, slot)
+                    normed, summed = self.peer.fused_add_rms_norm(partial, residual, weight, 1e-6, slot,
+                                                                  max_spins=CHECK_MAX_SPINS)
                     ok = ok and torch.equal(summed, want[1]) and torch.equal(normed, want[0])
             torch.cuda.synchronize(self.group.device)
             return ok
@@ -176,12 +178,12 @@ class PeerBuffers:
         out = torch.ops.symm_mem.one_shot_all_reduce_copy(buffer, flat, "sum", self.name)
         return out.view(tensor.shape)
 
-    def fused_add_rms_norm(self, partial, residual, weight, eps: float, slot: int):
+    def fused_add_rms_norm(self, partial, residual, weight, eps: float, slot: int, max_spins: int = 0):
         from specsplit.kernels.all_reduce_rms_norm_triton import all_reduce_add_rms_norm_triton
 
         with torch.cuda.device(partial.device):
             return all_reduce_add_rms_norm_triton(partial, residual, weight, eps, self.slot_ptrs[slot],
-                                                  self.pad_ptrs, self.group.rank, self.group.world_size)
+                                                  self.pad_ptrs, self.group.rank, self.group.world_size, max_spins)
 
 
 def _symmetric_empty(symm_mem, symmetric_memory, nbytes: int, device: torch.device, name: str) -> torch.Tensor:

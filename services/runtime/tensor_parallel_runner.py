@@ -180,6 +180,10 @@ def _profile(profiler, rank: int, action: str, path: str | None):
         profiler.start()
         return profiler
     if profiler is not None:
+        import os
+
         profiler.stop()
-        profiler.export_chrome_trace(path.replace("{rank}", str(rank)))
+        path = path.replace("{rank}", str(rank))
+        profiler.export_chrome_trace(path + ".partial")
+        os.replace(path + ".partial", path)  # whoever waits for the file sees it whole
     return None

@@ -102,3 +102,16 @@ def test_every_rank_gets_the_bits_of_the_sum_then_the_norm_kernel(kernel, dtype,
         assert torch.equal(new_residual, unfused[1]) and torch.equal(new_residual, reference[1])
         assert torch.equal(out, unfused[0])
         torch.testing.assert_close(out, reference[0], rtol=tolerance, atol=tolerance)
+
+
+def test_a_bounded_barrier_gives_up_when_the_peers_never_come(kernel, device, generator):
+    """What the setup check relies on to fail instead of hanging a GPU: with max_spins the wait for flags no peer
+    raises ends; the rank's own signals were still sent."""
+    x = torch.randn(2, 32, generator=generator).to(device)
+    buffers = [torch.zeros(2, 64, device=device) for _ in range(2)]
+    pads = [torch.zeros(kernel.MAX_PROGRAMS, 2, dtype=torch.int32, device=device) for _ in range(2)]
+    slot_ptrs = torch.tensor([b[0].data_ptr() for b in buffers], dtype=torch.int64, device=device)
+    pad_ptrs = torch.tensor([p.data_ptr() for p in pads], dtype=torch.int64, device=device)
+    kernel.all_reduce_add_rms_norm_triton(x, None, torch.ones(32, device=device), 1e-6, slot_ptrs, pad_ptrs, 0, 2,
+                                          max_spins=3)
+    assert pads[1][:2, 0].tolist() == [1, 1] and int(pads[0].abs().sum()) == 0
