@@ -20,7 +20,8 @@ buffers are far smaller). Graph-capturable (no host reads); ranks must call it i
 every collective.
 
 Flags are int32 at pad + (program * world_size + sender) * 4: program counts are capped (MAX_PROGRAMS) so that
-they fit any signal pad.
+they fit any signal pad. Slots are 16-byte aligned (and rows when `hidden` is a multiple of 8), which the kernel
+tells the compiler so that it reads peers' rows in 16-byte vectors.
 """
 
 import torch
@@ -33,6 +34,19 @@ MAX_PROGRAMS = 16
 
 
 @triton.jit
+def _exchange_flag(flag, expected, new, SEM: tl.constexpr, MAX_SPINS: tl.constexpr):
+    """Compare-and-swap `flag` from `expected` to `new` (system scope), retrying until it succeeds; MAX_SPINS > 0
+    gives up after that many tries."""
+    if MAX_SPINS == 0:
+        while tl.atomic_cas(flag, expected, new, sem=SEM, scope="sys") != expected:
+            pass
+    else:
+        spins = tl.full([], 0, tl.int32)
+        while (tl.atomic_cas(flag, expected, new, sem=SEM, scope="sys") != expected) & (spins < MAX_SPINS):
+            spins += 1
+
+
+@triton.jit
 def _barrier(pad_ptrs, pid, RANK: tl.constexpr, WORLD: tl.constexpr, MAX_SPINS: tl.constexpr):
     """Program `pid` of every rank meets program `pid` of every other rank. MAX_SPINS > 0 gives up after that many
     tries per flag (a setup check that must not hang a GPU whose peers never come); 0 waits as long as it takes."""
@@ -40,17 +54,11 @@ def _barrier(pad_ptrs, pid, RANK: tl.constexpr, WORLD: tl.constexpr, MAX_SPINS: 
     for peer in tl.static_range(WORLD):
         if peer != RANK:
             peer_pad = tl.load(pad_ptrs + peer).to(tl.pointer_type(tl.int32))
-            spins = 0
-            while (tl.atomic_cas(peer_pad + pid * WORLD + RANK, 0, 1, sem="release", scope="sys") != 0) & (
-                    (MAX_SPINS == 0) | (spins < MAX_SPINS)):
-                spins += 1
+            _exchange_flag(peer_pad + pid * WORLD + RANK, 0, 1, "release", MAX_SPINS)
+    own_pad = tl.load(pad_ptrs + RANK).to(tl.pointer_type(tl.int32))
     for peer in tl.static_range(WORLD):
         if peer != RANK:
-            own_pad = tl.load(pad_ptrs + RANK).to(tl.pointer_type(tl.int32))
-            spins = 0
-            while (tl.atomic_cas(own_pad + pid * WORLD + peer, 1, 0, sem="acquire", scope="sys") != 1) & (
-                    (MAX_SPINS == 0) | (spins < MAX_SPINS)):
-                spins += 1
+            _exchange_flag(own_pad + pid * WORLD + peer, 1, 0, "acquire", MAX_SPINS)
     tl.debug_barrier()
 
 
@@ -66,17 +74,17 @@ def _all_reduce_add_rms_norm_kernel(
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
     dtype = x_ptr.dtype.element_ty
-    own_slot = tl.load(slot_ptrs + RANK).to(tl.pointer_type(dtype))
+    own_slot = tl.multiple_of(tl.load(slot_ptrs + RANK).to(tl.pointer_type(dtype)), 16)  # vector loads and stores
     for row in range(pid, rows, programs):
         x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
         tl.store(own_slot + row * hidden + cols, x, mask=mask)
     _barrier(pad_ptrs, pid, RANK, WORLD, MAX_SPINS)
     for row in range(pid, rows, programs):
         offset = row * hidden
-        first = tl.load(slot_ptrs).to(tl.pointer_type(dtype))
+        first = tl.multiple_of(tl.load(slot_ptrs).to(tl.pointer_type(dtype)), 16)
         x = tl.load(first + offset + cols, mask=mask, other=0.0, cache_modifier=".cg")
         for peer in tl.static_range(1, WORLD):
-            peer_slot = tl.load(slot_ptrs + peer).to(tl.pointer_type(dtype))
+            peer_slot = tl.multiple_of(tl.load(slot_ptrs + peer).to(tl.pointer_type(dtype)), 16)
             partial = tl.load(peer_slot + offset + cols, mask=mask, other=0.0, cache_modifier=".cg")
             x = cast_rtne(x.to(tl.float32) + partial.to(tl.float32), dtype, INTERPRETER)
         if HAS_RESIDUAL:

@@ -189,5 +189,5 @@ class PeerBuffers:
 def _symmetric_empty(symm_mem, symmetric_memory, nbytes: int, device: torch.device, name: str) -> torch.Tensor:
     try:
         return symm_mem.empty(nbytes, dtype=torch.uint8, device=device)
-    except TypeError:  # builds whose allocation names its group
+    except Exception:  # noqa: BLE001 - builds whose allocation names its group
         return symmetric_memory.empty_strided_p2p((nbytes,), (1,), torch.uint8, device, name)
