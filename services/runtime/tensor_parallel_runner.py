@@ -133,6 +133,7 @@ def follow(group, make_runner) -> None:
     from specsplit.services.target.verify_steps import VerifySteps
 
     programs = {VerifySteps.name: VerifySteps, DraftSteps.name: DraftSteps}
+    layouts = {}  # (program, shape, rows) -> its input layout: built once, not on every step
     runner = profiler = None
     while True:
         kind, *args = group.receive_command()
@@ -151,7 +152,10 @@ def follow(group, make_runner) -> None:
         elif kind == "step":
             name, shape, rows, host, bucket = args
             program = programs[name]
-            runner.execute_step(program, shape, program.layout(shape, rows), host, bucket)
+            layout = layouts.get((name, shape, rows))
+            if layout is None:
+                layout = layouts[(name, shape, rows)] = program.layout(shape, rows)
+            runner.execute_step(program, shape, layout, host, bucket)
         elif kind == "tables":
             change = args[0]
             if change[0] == "write":
