@@ -26,7 +26,8 @@ def summarize_trace(path: str) -> dict:
         trace = json.load(f)
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
-    launches = sorted((e for e in spans if e.get("cat") == "cuda_runtime" and "GraphLaunch" in e.get("name", "")),
+    launches = sorted((e for e in spans if e.get("cat") in ("cuda_runtime", "cuda_driver")
+                       and "GraphLaunch" in e.get("name", "")),
                       key=lambda e: e["ts"])
     kernels = sorted((e for e in spans if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
                      key=lambda e: e["ts"])
