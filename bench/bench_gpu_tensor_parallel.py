@@ -1,44 +1,65 @@
-"""Tensor parallelism on a 2-GPU machine (NCCL): random-weight bf16 models of real shapes, in-process engine
-(this process is rank 0 of a sharded model, rank 1 its child process; a degree-1 draft shares GPU 0).
+"""Tensor parallelism on two GPUs: random-weight bf16 models of real shapes; rank 0 in this process (in-process
+engine) or in a target worker process (services), rank 1 its child; NCCL between them, and the peer-to-peer
+all-reduces over NVLink (runtime/tensor_parallel_all_reduce.py) where they run. NVLink multicast stays off
+(NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1, set here for every process).
 
-1. decode: a Qwen2.5-7B-shaped target, batch 1, target only, at degree 1 vs 2. Goal: degree 2 >= 1.6x degree 1.
-2. speculative: the 7B-shaped target at degree 2 with a Qwen2.5-0.5B-shaped draft at degree 1, k = 4, at
-   alpha = 0.7 through the SYNTHETIC ACCEPTANCE benchmark mode (services/target/synthetic_acceptance.py, NOT
-   LOSSLESS: random weights never agree, so a coin accepts each proposal with probability alpha; emitted tokens are
-   the target's own samples). Against the same at degree 1 and target-only at degree 2.
-3. big: a Llama-3-70B-shaped bf16 target (~141 GB: no single GPU holds it) built in memory at degree 2 (each rank
-   draws its own shard's random weights on its GPU: sharded_loader's RANDOM_WEIGHTS_MARKER), with a
-   Llama-3.2-1B-shaped draft at degree 1; target-only and speculative (alpha 0.7) tokens/s against the bandwidth
-   floor: bytes a rank reads per decode step (its weight shard) / the GPU's measured copy bandwidth.
+Parts (--parts; the default is the 2x H100 run, `70b` is its own run):
+- exact: a small model (float32, then bf16) at degree 2 gives the degree-1 greedy tokens and seeded samples at
+  batch 1, in every all-reduce mode (nccl, symm, fused); prefill logits against degree 1's.
+- decode: a Qwen2.5-7B-shaped target alone at degree 1 and 2, batch 1 and 8: degree 2 over the socket command
+  channel in each all-reduce mode, and with the old channel (gloo broadcast) and NCCL. Goals: degree 2 >= 1.6x
+  degree 1 at batch 1, >= 1.5x at batch 8.
+- profile: one degree-2 decode at batch 1 per mode under torch.profiler on both ranks: per step, time in compute
+  kernels, in communication kernels, GPU idle, and the gap between steps (host work and lockstep;
+  gpu_trace_summary.py). Summaries in the results, gzipped Chrome traces beside them in $OUT.
+- speculative: the 7B at degree 1 and 2 with a Qwen2.5-0.5B-shaped draft at degree 1 (on GPU 0), k = 4,
+  alpha = 0.7 through the SYNTHETIC ACCEPTANCE benchmark mode (services/target/synthetic_acceptance.py, NOT
+  LOSSLESS: random weights never agree, so a coin accepts each proposal with probability alpha; emitted tokens are
+  the target's own samples).
+- 70b: a Llama-3-70B-shaped target (~141 GB; each rank draws its own shard on its GPU, no process holds the whole
+  model) at degree 2 and a 0.5B-shaped draft (Qwen2.5-0.5B dimensions, Llama-3 vocabulary) at degree 1 beside
+  rank 0 on GPU 0, through the services (target worker, draft worker, coordinator; gRPC over loopback):
+  target-only and speculative (synthetic alpha 0.7 and 0.9, k = 4) at batch 1 and 8, against the bandwidth floor
+  (bytes one rank reads per step, its weight shard / one GPU's measured copy bandwidth). Goals: target-only >= 70%
+  of the floor at batch 1 and 8; speculation >= 2.0x target-only at batch 1, >= 1.6x at batch 8 (alpha 0.7),
+  >= 2.8x at batch 1 (alpha 0.9). Rank 0 holds ~66 GiB of weights plus the draft and KV: 2x H200, or 2x H100 if
+  --kv-gib stays small.
 
-    OUT=/some/dir python3 bench/bench_gpu_tensor_parallel.py [--parts decode,speculative,big] [--tokens 128]
-    python3 bench/bench_gpu_tensor_parallel.py --dry-run     # CPU, gloo, tiny shapes: checks the script end to end
+    source bench/gpu_env.sh; cd /tmp; OUT=/some/dir python3 $R/bench/bench_gpu_tensor_parallel.py
+    ... --parts 70b --name gpu_tensor_parallel_70b
+    python3 bench/bench_gpu_tensor_parallel.py --dry-run --parts exact,decode,profile,speculative,70b  # CPU, gloo
 
-Results: $OUT/gpu_tensor_parallel.json (bench/results/ without $OUT) with commit, machine and command.
+Results: $OUT/NAME.json (bench/results/ without $OUT) with commit, machine and command, written after each part.
 """
 
 import argparse
 import asyncio
+import contextlib
 import gc
+import gzip
 import json
 import os
+import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
-import torch
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+os.environ.update(MULTICAST_OFF)  # before torch loads NCCL; inherited by every rank and service started here
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 
 from bench_common import print_table, write_results  # noqa: E402
+from gpu_trace_summary import summarize_trace  # noqa: E402
 from specsplit.services.local_engine import LocalEngine  # noqa: E402
-from specsplit.services.models.config import DecoderConfig  # noqa: E402
-from specsplit.services.models.decoder import CausalDecoder  # noqa: E402
-from specsplit.services.models.loader import LoadedModel  # noqa: E402
-from specsplit.services.models.rotary import RotaryEmbedding  # noqa: E402
-from specsplit.services.models.sharded_loader import RANDOM_WEIGHTS_MARKER  # noqa: E402
+from specsplit.services.models.loader import RANDOM_WEIGHTS_MARKER, load_model  # noqa: E402
+from specsplit.services.runtime.tensor_parallel_all_reduce import MODE_ENV  # noqa: E402
+from specsplit.services.runtime.tensor_parallel_commands import CHANNEL_ENV  # noqa: E402
 from specsplit.services.sampling_params import SamplingParams  # noqa: E402
 
 SHAPES = {  # config.json values of the real models
@@ -51,9 +72,10 @@ SHAPES = {  # config.json values of the real models
     "llama-3-70b": ("llama", dict(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
                                   num_attention_heads=64, num_key_value_heads=8, tie_word_embeddings=False,
                                   rope_theta=500000.0, max_position_embeddings=8192)),
-    "llama-3.2-1b": ("llama", dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                                   num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True,
-                                   rope_theta=500000.0, max_position_embeddings=8192)),
+    # The 70B's draft: Qwen2.5-0.5B's dimensions with Llama 3's vocabulary (draft and target must share one).
+    "0.5b-llama-vocab": ("qwen2", dict(vocab_size=128256, hidden_size=896, intermediate_size=4864,
+                                       num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                                       tie_word_embeddings=True, rope_theta=500000.0, max_position_embeddings=8192)),
     # --dry-run only
     "tiny-target": ("qwen2", dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                   num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
@@ -62,24 +84,79 @@ SHAPES = {  # config.json values of the real models
                                  num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True,
                                  max_position_embeddings=512)),
 }
-PLANS = {  # part -> (target shape, draft shape)
-    "decode": ("qwen2.5-7b", None),
-    "speculative": ("qwen2.5-7b", "qwen2.5-0.5b"),
-    "big": ("llama-3-70b", "llama-3.2-1b"),
-}
 DRY_RUN = {"qwen2.5-7b": "tiny-target", "qwen2.5-0.5b": "tiny-draft", "llama-3-70b": "tiny-target",
-           "llama-3.2-1b": "tiny-draft"}
+           "0.5b-llama-vocab": "tiny-draft"}
+# The exact part's model: tests/tiny_models.py weights (peaked distributions: no near-ties), larger than the tests'.
+EXACT_MODEL = dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=8,
+                   num_key_value_heads=2)
 K = 4
-ALPHA = 0.7
 PROMPT_LEN = 32
+MODES = ("nccl", "symm", "fused")
 
 
 def log(*args):
     print(*args, flush=True)
 
 
+class Run:
+    """The arguments and the results so far (written after each part)."""
+
+    def __init__(self, args):
+        self.args = args
+        self.dry = args.dry_run
+        self.device = "cpu" if self.dry else "cuda"
+        self.dtype = "float32" if self.dry else "bfloat16"
+        self.out = Path(os.environ["OUT"]) if os.environ.get("OUT") else Path(tempfile.mkdtemp())
+        self.rows: list[dict] = []
+        self.profiles: list[dict] = []
+        self.summary: dict = {}
+        self.watchdog: Watchdog | None = None
+
+    def beat(self, stage: str) -> None:
+        if self.watchdog is not None:
+            self.watchdog.beat(stage)
+
+    def shape(self, name: str) -> str:
+        return DRY_RUN[name] if self.dry else name
+
+    def save(self) -> None:
+        extra = {"summary": self.summary, "profile": self.profiles}
+        if self.dry:
+            extra["note"] = "DRY RUN: CPU, gloo, tiny shapes; numbers mean nothing"
+        path = write_results(self.args.name + ("_dry_run" if self.dry else ""), self.rows, extra)
+        log(f"wrote {path}")
+
+
+class Watchdog:
+    """A GPU kernel that never ends (a collective whose peer never comes) cannot be interrupted: after `seconds`
+    without progress, save what was measured, stop the services started here and exit, so a hang costs minutes of
+    device time, not the whole run's."""
+
+    def __init__(self, run: Run, seconds: float):
+        self.run, self.seconds = run, seconds
+        self.stage, self.last = "start", time.monotonic()
+        self.processes: list = []
+        threading.Thread(target=self._watch, name="bench-watchdog", daemon=True).start()
+
+    def beat(self, stage: str) -> None:
+        self.stage, self.last = stage, time.monotonic()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(5)
+            if time.monotonic() - self.last > self.seconds:
+                log(f"STALLED: no progress for {self.seconds:.0f}s in {self.stage}; saving and exiting")
+                self.run.summary["stalled"] = f"no progress for {self.seconds:.0f}s in {self.stage}"
+                self.run.save()
+                for process in self.processes:
+                    process.kill()
+                os._exit(3)
+
+
+# -- models ------------------------------------------------------------------------------------------------------
+
 def model_folder(root: Path, shape: str) -> Path:
-    """config.json and the random-weights marker: what a sharded rank builds its random shard from."""
+    """config.json and the random-weights marker: each process that loads it draws its (shard's) weights."""
     from transformers import LlamaConfig, Qwen2Config
 
     family, values = SHAPES[shape]
@@ -89,25 +166,6 @@ def model_folder(root: Path, shape: str) -> Path:
         config.save_pretrained(folder)
         (folder / RANDOM_WEIGHTS_MARKER).write_text(json.dumps({"seed": 0, "std": 0.02}))
     return folder
-
-
-def whole_model(folder: Path, dtype: torch.dtype, device: str) -> LoadedModel:
-    """Degree 1: the ordinary decoder with random weights drawn on the device (bench_gpu_e2e.py does the same)."""
-    from transformers import AutoConfig
-
-    hf_config = AutoConfig.from_pretrained(folder)
-    config = DecoderConfig.from_hf(hf_config)
-    with torch.device("meta"):
-        decoder = CausalDecoder(config)
-    decoder = decoder.to_empty(device=device).to(dtype)
-    if config.tie_word_embeddings:
-        decoder.lm_head.weight = decoder.model.embed_tokens.weight
-    decoder.rotary = RotaryEmbedding(hf_config, config.head_dim).to(device)
-    with torch.no_grad():
-        for name, parameter in decoder.named_parameters():
-            parameter.fill_(1.0) if "norm" in name else parameter.normal_(0.0, 0.02)
-    decoder.eval().requires_grad_(False)
-    return LoadedModel(decoder, config, None, str(folder), folder.name)
 
 
 def weight_bytes(shape: str, degree: int, dtype_bytes: int = 2) -> int:
@@ -134,7 +192,10 @@ def copy_bandwidth(device: str) -> float:
     for _ in range(repeats):
         y.copy_(x)
     sync(device)
-    return 2 * size * repeats / (time.perf_counter() - start)
+    rate = 2 * size * repeats / (time.perf_counter() - start)
+    del x, y
+    free(device)
+    return rate
 
 
 def sync(device: str) -> None:
@@ -142,117 +203,431 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def decode(engine: LocalEngine, tokens: int, k: int, repeats: int, vocab: int) -> dict:
-    """Batch 1; decode rate = tokens after the first / time after the first. The first run warms up."""
-    prompt = torch.randint(0, vocab, (PROMPT_LEN,), generator=torch.Generator().manual_seed(1)).tolist()
-    params = SamplingParams(max_tokens=tokens, ignore_eos=True, num_speculative_tokens=k, temperature=0.0, seed=1)
-
-    async def once():
-        result = await engine.generate(prompt, params)
-        await engine.coordinator.wait_idle()
-        return result
-
-    asyncio.run(once())
-    rates, rounds = [], []
-    for _ in range(repeats):
-        result = asyncio.run(once())
-        decode_time = result.total_time - result.time_to_first_token
-        rates.append((result.completion_tokens - 1) / decode_time)
-        rounds.append(result.stats.rounds)
-    rates.sort()
-    return {"tokens_per_s": rates[len(rates) // 2], "repeats_tokens_per_s": rates,
-            "tokens_per_round": (tokens - 1) / max(rounds[0] - 1, 1) if k else 1.0}
+def free(device: str) -> None:
+    gc.collect()
+    if device != "cpu":
+        torch.cuda.empty_cache()
 
 
-def run_config(root: Path, args, target: str, draft: str | None, degree: int, alpha: float | None) -> dict:
-    target_shape = DRY_RUN[target] if args.dry_run else target
-    draft_shape = (DRY_RUN[draft] if args.dry_run else draft) if draft else None
-    dtype = torch.float32 if args.dry_run else torch.bfloat16
-    device = "cpu" if args.dry_run else "cuda"
-    target_folder = model_folder(root, target_shape)
-    target_model = str(target_folder) if degree > 1 else whole_model(target_folder, dtype, device)
-    draft_model = whole_model(model_folder(root, draft_shape), dtype, device) if draft_shape else None
-    started = time.perf_counter()
-    engine = LocalEngine(target_model, draft_model, num_speculative_tokens=K if draft else 0,
-                         dtype="float32" if args.dry_run else "bfloat16", device=device, speculation="fixed",
-                         synthetic_acceptance=alpha, target_tensor_parallel_size=degree,
-                         target_weights="dense", draft_weights="dense")
-    load_s = time.perf_counter() - started
+@contextlib.contextmanager
+def environment(**values):
+    """Variables for the ranks started inside (children inherit them)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
     try:
-        measured = decode(engine, args.tokens, K if draft else 0, args.repeats, SHAPES[target_shape][1]["vocab_size"])
+        yield
     finally:
-        asyncio.run(engine.close())
-        del engine, target_model, draft_model
-        gc.collect()
-        if device == "cuda":
-            torch.cuda.empty_cache()
-    row = {"target": target, "draft": draft or "", "target_degree": degree, "draft_degree": 1 if draft else None,
-           "alpha": alpha if draft else None, "acceptance": "synthetic" if draft else None, "k": K if draft else 0,
-           "load_s": round(load_s, 1), **measured}
-    log(json.dumps(row))
-    return row
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
+
+def engine(run: Run, target, draft, degree: int) -> LocalEngine:
+    """`target`: a folder (sharded at degree > 1) or a LoadedModel; `draft`: a LoadedModel or None. Graphs are
+    captured by each measurement's warm-up run (only the shapes measured)."""
+    return LocalEngine(target, draft, num_speculative_tokens=K if draft is not None else 0, dtype=run.dtype,
+                       device=run.device, speculation="fixed", target_tensor_parallel_size=degree,
+                       target_weights="dense", draft_weights="dense", prefix_caching=False, warm_up=False)
+
+
+def close(run: Run, e: LocalEngine) -> None:
+    asyncio.run(e.close())
+    free(run.device)
+
+
+# -- measurements ------------------------------------------------------------------------------------------------
+
+def prompts(batch: int, vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(batch)
+    return torch.randint(0, vocab, (batch, PROMPT_LEN), generator=g).tolist()
+
+
+def generate_batch(e: LocalEngine, batch: int, tokens: int, k: int, vocab: int):
+    params = [SamplingParams(max_tokens=tokens, ignore_eos=True, num_speculative_tokens=k, temperature=0.0, seed=i)
+              for i in range(batch)]
+
+    async def main():
+        results = await asyncio.gather(*(e.generate(p, sp) for p, sp in zip(prompts(batch, vocab), params)))
+        await e.coordinator.wait_idle()
+        return results
+
+    return asyncio.run(main())
+
+
+def decode_rate(results) -> dict:
+    """Tokens after each request's first, over the time from the earliest first token to the last token."""
+    tokens = sum(r.completion_tokens - 1 for r in results)
+    seconds = max(r.total_time for r in results) - min(r.time_to_first_token for r in results)
+    rounds = sum(max(r.stats.rounds, 1) for r in results)  # rounds after the prefill
+    return {"tokens_per_s": tokens / seconds, "tokens_per_round": tokens / rounds}
+
+
+def measure(run: Run, e: LocalEngine, batch: int, k: int, alpha: float | None, vocab: int) -> dict:
+    """A warm-up run (captures this shape's graphs), then the median of --repeats runs."""
+    e.verifier.synthetic_acceptance = alpha  # BENCHMARK ONLY when set: not lossless (labelled in the row)
+    tokens = run.args.tokens if batch == 1 else run.args.batch_tokens
+    run.beat(f"warm-up batch {batch} k {k}")
+    generate_batch(e, batch, tokens, k, vocab)
+    runs = []
+    for repeat in range(run.args.repeats):
+        run.beat(f"batch {batch} k {k} run {repeat}")
+        runs.append(decode_rate(generate_batch(e, batch, tokens, k, vocab)))
+    runs.sort(key=lambda r: r["tokens_per_s"])
+    e.verifier.synthetic_acceptance = None
+    median = runs[len(runs) // 2]
+    return {"tokens_per_s": round(median["tokens_per_s"], 2), "tokens_per_round": round(median["tokens_per_round"], 3),
+            "repeats_tokens_per_s": [round(r["tokens_per_s"], 2) for r in runs]}
+
+
+def row(run: Run, **values) -> dict:
+    values.setdefault("acceptance", "synthetic" if values.get("alpha") is not None else None)
+    run.beat(f"row {len(run.rows)}")
+    run.rows.append(values)
+    log(json.dumps(values))
+    return values
+
+
+# -- part: exact -------------------------------------------------------------------------------------------------
+
+def exact_part(run: Run, root: Path, modes: list[str]) -> None:
+    from engine_runs import run_prompt
+    from tiny_models import build_model, save_model
+
+    prompt_ids = [[(7 * i + 3) % 250 for i in range(n)] for n in (5, 12, 23)]
+    greedy = SamplingParams(max_tokens=run.args.exact_tokens, ignore_eos=True, num_speculative_tokens=0)
+    sampled = SamplingParams(max_tokens=run.args.exact_tokens, ignore_eos=True, num_speculative_tokens=0,
+                             temperature=0.8, seed=17)
+
+    def outputs(e):
+        """Batch 1: each prompt alone, greedy, then one seeded sample; and the prefill logits of a prompt."""
+        tokens = [asyncio.run(e.generate(p, greedy)).token_ids for p in prompt_ids]
+        tokens.append(asyncio.run(e.generate(prompt_ids[1], sampled)).token_ids)
+        return tokens, run_prompt(e.target_runner, prompt_ids[2]).float().cpu()
+
+    shape = dict(EXACT_MODEL) if not run.dry else {}
+    for dtype in ("float32", "bfloat16"):
+        folder = root / f"exact-{dtype}"
+        if not folder.exists():
+            save_model(build_model("qwen2", seed=11, **shape), folder)
+        common = dict(dtype=dtype, device=run.device, speculation="fixed", warm_up=False, num_kv_blocks=256,
+                      target_weights="dense")
+        one = LocalEngine(str(folder), None, **common)
+        want_tokens, want_logits = outputs(one)
+        close(run, one)
+        two = LocalEngine(str(folder), None, target_tensor_parallel_size=2, **common)
+        try:
+            for mode in modes:
+                run.beat(f"exact {dtype} {mode}")
+                chosen = two.target_runner.use_all_reduce(mode)
+                tokens, logits = outputs(two)
+                differs = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), None)
+                           for x, y in zip(tokens, want_tokens)]
+                row(run, part="exact", dtype=dtype, mode=mode, mode_used=chosen, batch=1,
+                    greedy_identical=tokens[:-1] == want_tokens[:-1], sampled_identical=tokens[-1] == want_tokens[-1],
+                    first_difference=differs, max_logit_difference=float((logits - want_logits).abs().max()),
+                    argmax_identical=bool(torch.equal(logits.argmax(-1), want_logits.argmax(-1))))
+        finally:
+            close(run, two)
+    exact = [r for r in run.rows if r["part"] == "exact"]
+    run.summary["exact_all_identical"] = all(r["greedy_identical"] and r["sampled_identical"] for r in exact)
+    run.summary["exact_modes_used"] = sorted({f'{r["mode"]}->{r["mode_used"]}' for r in exact})
+    run.save()
+
+
+# -- parts: decode, profile, speculative (7B) --------------------------------------------------------------------
+
+def seven_b_parts(run: Run, root: Path, parts: list[str]) -> None:
+    target = model_folder(root, run.shape("qwen2.5-7b"))
+    vocab = SHAPES[run.shape("qwen2.5-7b")][1]["vocab_size"]
+    speculative = "speculative" in parts
+    draft = load_model(str(model_folder(root, run.shape("qwen2.5-0.5b"))), run.dtype, run.device) if speculative else None
+    batches = [int(b) for b in run.args.batches.split(",")]
+    base = dict(part="decode", target="qwen2.5-7b", draft="", k=0, alpha=None)
+
+    e = engine(run, load_model(str(target), run.dtype, run.device), draft, 1)
+    try:
+        if "decode" in parts:
+            for batch in batches:
+                row(run, **base, degree=1, channel="", mode="", batch=batch, **measure(run, e, batch, 0, None, vocab))
+        if speculative:
+            for batch in batches:
+                row(run, **{**base, "part": "speculative", "draft": "qwen2.5-0.5b", "k": K, "alpha": run.args.alpha},
+                    degree=1, channel="", mode="", batch=batch, **measure(run, e, batch, K, run.args.alpha, vocab))
+    finally:
+        close(run, e)
+    run.save()
+
+    if "decode" in parts and not run.args.no_gloo_channel:  # the channel before this issue, with NCCL
+        with environment(**{CHANNEL_ENV: "gloo", MODE_ENV: "nccl"}):
+            e = engine(run, str(target), None, 2)
+        try:
+            for batch in batches:
+                row(run, **base, degree=2, channel="gloo", mode="nccl", batch=batch,
+                    **measure(run, e, batch, 0, None, vocab))
+        finally:
+            close(run, e)
+        run.save()
+
+    def speculate(mode: str) -> None:
+        e.target_runner.use_all_reduce(mode)
+        for batch in batches:
+            row(run, **{**base, "part": "speculative", "draft": "qwen2.5-0.5b", "k": K, "alpha": run.args.alpha},
+                degree=2, channel="socket", mode=mode, batch=batch, **measure(run, e, batch, K, run.args.alpha, vocab))
+        speculated.add(mode)
+
+    speculated: set[str] = set()
+    e = engine(run, str(target), draft, 2)
+    try:
+        for mode in run.modes:  # fused last: see main
+            if mode == "fused" and speculative and not speculated:
+                speculate(_fastest_mode(run) or "nccl")
+            run.beat(f"degree 2 {mode}")
+            chosen = e.target_runner.use_all_reduce(mode)
+            if chosen != mode:
+                row(run, **base, degree=2, channel="socket", mode=mode, mode_used=chosen, batch=None,
+                    note=f"{mode} unavailable on this machine (see the log): not measured")
+                continue
+            if "decode" in parts:
+                for batch in batches:
+                    row(run, **base, degree=2, channel="socket", mode=mode, mode_used=chosen, batch=batch,
+                        **measure(run, e, batch, 0, None, vocab))
+            if "profile" in parts:
+                profile_mode(run, e, mode, vocab)
+            run.save()
+        if speculative and (_fastest_mode(run) or "nccl") not in speculated:
+            speculate(_fastest_mode(run) or "nccl")
+    finally:
+        close(run, e)
+    _decode_summary(run, batches)
+    run.save()
+
+
+def _fastest_mode(run: Run, batch: int = 1) -> str | None:
+    rows = [r for r in run.rows if r["part"] == "decode" and r["degree"] == 2 and r["channel"] == "socket"
+            and r["batch"] == batch and "tokens_per_s" in r]
+    return max(rows, key=lambda r: r["tokens_per_s"])["mode"] if rows else None
+
+
+def _decode_summary(run: Run, batches: list[int]) -> None:
+    decode = [r for r in run.rows if r["part"] == "decode" and "tokens_per_s" in r]
+    for batch in batches:
+        one = next((r for r in decode if r["degree"] == 1 and r["batch"] == batch), None)
+        if one is None:
+            continue
+        for r in decode:
+            if r["degree"] == 2 and r["batch"] == batch:
+                r["vs_degree_1"] = round(r["tokens_per_s"] / one["tokens_per_s"], 3)
+                run.summary[f"decode_b{batch}_{r['channel']}_{r['mode']}_vs_degree_1"] = r["vs_degree_1"]
+        best = max((r["vs_degree_1"] for r in decode if r["degree"] == 2 and r["batch"] == batch), default=None)
+        goal = {1: 1.6, 8: 1.5}.get(batch)
+        if best is not None and goal:
+            run.summary[f"decode_b{batch}_goal_{goal}x_met"] = best >= goal
+    spec = [r for r in run.rows if r["part"] == "speculative"]
+    for r in spec:
+        plain = next((d for d in decode if d["degree"] == r["degree"] and d["batch"] == r["batch"]
+                      and d["mode"] in (r["mode"], "")), None)
+        if plain:
+            r["vs_target_only"] = round(r["tokens_per_s"] / plain["tokens_per_s"], 3)
+
+
+def profile_mode(run: Run, e: LocalEngine, mode: str, vocab: int) -> None:
+    """One batch-1 decode under torch.profiler on every rank (graphs already captured by the decode part)."""
+    runner = e.target_runner
+    pattern = str(run.out / f"trace_{mode}_rank{{rank}}.json")
+    tokens = run.args.profile_tokens
+    generate_batch(e, 1, tokens, 0, vocab)  # warm (captures, when the decode part did not run)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if run.device != "cpu":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    try:
+        runner.profile_followers("start")
+        with torch.profiler.profile(activities=activities) as profiler:
+            generate_batch(e, 1, tokens, 0, vocab)
+            sync(run.device)
+        runner.profile_followers("stop", pattern)
+        profiler.export_chrome_trace(pattern.replace("{rank}", "0"))
+        paths = [Path(pattern.replace("{rank}", str(r))) for r in range(runner.tensor_parallel_size)]
+        deadline = time.monotonic() + 120
+        while not all(p.exists() for p in paths) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for rank, path in enumerate(paths):
+            summary = {"mode": mode, "rank": rank, "batch": 1, "tokens": tokens, **summarize_trace(str(path))}
+            run.profiles.append(summary)
+            with open(path, "rb") as f, gzip.open(str(path) + ".gz", "wb") as g:
+                shutil.copyfileobj(f, g)
+            path.unlink()
+    except Exception as error:  # a profiler that cannot run here costs the profile, not the run
+        run.profiles.append({"mode": mode, "error": repr(error)})
+    log(json.dumps(run.profiles[-runner.tensor_parallel_size:]))
+
+
+# -- part: 70b (services) ----------------------------------------------------------------------------------------
+
+def seventy_b_part(run: Run, root: Path, bandwidth: float) -> None:
+    from bench_gpu_e2e import stop_processes
+    from specsplit.client import Client
+    from specsplit.services.service_commands import spawn_service
+
+    target_shape, draft_shape = run.shape("llama-3-70b"), run.shape("0.5b-llama-vocab")
+    target, draft = model_folder(root, target_shape), model_folder(root, draft_shape)
+    vocab = SHAPES[target_shape][1]["vocab_size"]
+    element = 4 if run.dry else 2
+    floor_step = weight_bytes(target_shape, 2, element) / bandwidth  # every rank reads its shard at once
+    common = ["--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1", "--dtype", run.dtype,
+              "--no-prefix-caching", "--warm-up-k", "0"]
+    device = "cpu" if run.dry else "cuda:0"
+    batches = [int(b) for b in run.args.batches.split(",")]
+    procs: list = []
+    started = time.perf_counter()
+    # The worker's ranks take the mode from the environment; one that is unavailable falls back to NCCL with a
+    # warning in the worker's log.
+    with environment(SPECSPLIT_KV_CACHE_BYTES=str(int(run.args.kv_gib * (1 << 30))), **{MODE_ENV: run.args.big_mode}):
+        try:
+            run.beat("70b draft start")
+            drafter, d_addr = spawn_service(["draft", "--model", str(draft), "--device", device,
+                                             "--weights", "dense", *common])
+            procs.append(drafter)
+            run.watchdog.processes = procs
+            for alpha in (run.args.alpha, 0.9):
+                t0 = time.perf_counter()
+                run.beat(f"70b target start (alpha {alpha})")
+                worker, t_addr = spawn_service(["target", "--model", str(target), "--device", device,
+                                                "--tensor-parallel-size", "2", "--synthetic-acceptance", str(alpha),
+                                                *common])
+                coordinator, c_addr = spawn_service(["coordinator", "--target", t_addr, "--draft", d_addr, "-k",
+                                                     str(K), "--speculation", "fixed", "--host", "127.0.0.1",
+                                                     "--port", "0", "--metrics-port", "-1", "--http-port", "-1"])
+                run.watchdog.processes = procs + [worker, coordinator]
+                log(f"70b target (alpha {alpha}) and coordinator up in {time.perf_counter() - t0:.1f}s")
+                try:
+                    with Client(c_addr, timeout=1200) as client:
+                        ks = (0, K) if alpha == run.args.alpha else (K,)
+                        for batch in batches if alpha == run.args.alpha else batches[:1]:
+                            for k in ks:
+                                measured = _client_measure(run, client, batch, k, vocab)
+                                floor = batch / floor_step
+                                values = dict(part="70b", target="llama-3-70b", draft="0.5b (llama vocab)" if k else "",
+                                              degree=2, draft_degree=1 if k else None, channel="socket",
+                                              mode=run.args.big_mode, batch=batch, k=k,
+                                              alpha=alpha if k else None, **measured)
+                                if not k:
+                                    values.update(bandwidth_floor_tokens_per_s=round(floor, 2),
+                                                  fraction_of_floor=round(measured["tokens_per_s"] / floor, 3))
+                                row(run, **values)
+                finally:
+                    stop_processes([coordinator, worker])
+                run.save()
+        finally:
+            stop_processes(procs)
+    _seventy_b_summary(run, floor_step, bandwidth, time.perf_counter() - started)
+    run.save()
+
+
+def _client_measure(run: Run, client, batch: int, k: int, vocab: int) -> dict:
+    from concurrent.futures import ThreadPoolExecutor
+
+    tokens = run.args.tokens if batch == 1 else run.args.batch_tokens
+
+    def once():
+        with ThreadPoolExecutor(batch) as pool:
+            return list(pool.map(lambda p: client.generate(p, max_tokens=tokens, ignore_eos=True,
+                                                           num_speculative_tokens=k, temperature=0.0),
+                                 prompts(batch, vocab)))
+
+    run.beat(f"70b warm-up batch {batch} k {k}")
+    once()  # warm-up: captures this shape's graphs
+    runs = []
+    for repeat in range(run.args.repeats):
+        run.beat(f"70b batch {batch} k {k} run {repeat}")
+        runs.append(decode_rate(once()))
+    runs.sort(key=lambda r: r["tokens_per_s"])
+    median = runs[len(runs) // 2]
+    return {"tokens_per_s": round(median["tokens_per_s"], 2), "tokens_per_round": round(median["tokens_per_round"], 3),
+            "repeats_tokens_per_s": [round(r["tokens_per_s"], 2) for r in runs]}
+
+
+def _seventy_b_summary(run: Run, floor_step: float, bandwidth: float, seconds: float) -> None:
+    rows = [r for r in run.rows if r["part"] == "70b"]
+    run.summary.update(big_weight_bytes_per_rank=int(floor_step * bandwidth),
+                       big_floor_step_ms=round(floor_step * 1e3, 3), big_part_seconds=round(seconds, 1))
+    for r in rows:
+        plain = next((p for p in rows if p["k"] == 0 and p["batch"] == r["batch"]), None)
+        if r["k"] and plain:
+            r["vs_target_only"] = round(r["tokens_per_s"] / plain["tokens_per_s"], 3)
+    for r in rows:
+        if r["k"] == 0:
+            run.summary[f"big_b{r['batch']}_fraction_of_floor"] = r["fraction_of_floor"]
+            run.summary[f"big_b{r['batch']}_goal_0.7_of_floor_met"] = r["fraction_of_floor"] >= 0.7
+        else:
+            goal = {(run.args.alpha, 1): 2.0, (run.args.alpha, 8): 1.6, (0.9, 1): 2.8}.get((r["alpha"], r["batch"]))
+            key = f"big_spec_alpha{r['alpha']}_b{r['batch']}_vs_target_only"
+            run.summary[key] = r.get("vs_target_only")
+            if goal and r.get("vs_target_only") is not None:
+                run.summary[key.replace("_vs_target_only", f"_goal_{goal}x_met")] = r["vs_target_only"] >= goal
+
+
+# -- main --------------------------------------------------------------------------------------------------------
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parts", default="decode,speculative,big")
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--parts", default="exact,decode,profile,speculative")
+    parser.add_argument("--modes", default=",".join(MODES), help="all-reduce modes to measure at degree 2")
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--tokens", type=int, default=96, help="tokens per request at batch 1")
+    parser.add_argument("--batch-tokens", type=int, default=48, help="tokens per request at larger batches")
+    parser.add_argument("--profile-tokens", type=int, default=24)
+    parser.add_argument("--exact-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--alpha", type=float, default=0.7)
+    parser.add_argument("--kv-gib", type=float, default=2.0, help="KV cache of each 70b worker rank")
+    parser.add_argument("--big-mode", default="auto", help="the 70b target's all-reduce mode (nccl, symm, fused)")
+    parser.add_argument("--no-gloo-channel", action="store_true", help="skip the degree-2 run over the gloo channel")
+    parser.add_argument("--stall-seconds", type=float, default=240, help="exit after this long without progress")
     parser.add_argument("--dry-run", action="store_true", help="CPU, gloo, tiny shapes: the script's own check")
     parser.add_argument("--name", default="gpu_tensor_parallel")
     args = parser.parse_args()
+    run = Run(args)
+    run.modes = [m for m in args.modes.split(",") if m]
     if args.dry_run:
-        args.tokens, args.repeats = min(args.tokens, 8), 1
+        args.tokens, args.batch_tokens, args.profile_tokens, args.exact_tokens, args.repeats = 6, 4, 4, 6, 1
         os.environ.setdefault("SPECSPLIT_KV_CACHE_BYTES", str(16 << 20))
     else:
         if torch.cuda.device_count() < 2:
             raise SystemExit(f"needs 2 GPUs, found {torch.cuda.device_count()} (--dry-run runs on the CPU)")
         os.environ.setdefault("SPECSPLIT_KV_CACHE_BYTES", str(2 << 30))
     parts = [p for p in args.parts.split(",") if p]
-    device = "cpu" if args.dry_run else "cuda"
-    bandwidth = copy_bandwidth(device)
-    rows, summary = [], {"copy_bandwidth_GBps": round(bandwidth / 1e9, 1)}
+    run.watchdog = Watchdog(run, args.stall_seconds)
+    started = time.perf_counter()
+    bandwidth = copy_bandwidth(run.device)
+    run.summary["copy_bandwidth_GBps"] = round(bandwidth / 1e9, 1)
+    run.summary["environment"] = {k: os.environ.get(k) for k in (*MULTICAST_OFF, MODE_ENV, CHANNEL_ENV)}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        if "decode" in parts:
-            target, _ = PLANS["decode"]
-            one, two = (run_config(root, args, target, None, d, None) for d in (1, 2))
-            rows += [one, two]
-            summary["decode_speedup_degree2_vs_1"] = round(two["tokens_per_s"] / one["tokens_per_s"], 3)
-            summary["decode_goal_1_6x_met"] = summary["decode_speedup_degree2_vs_1"] >= 1.6
-        if "speculative" in parts:
-            target, draft = PLANS["speculative"]
-            spec_one = run_config(root, args, target, draft, 1, ALPHA)
-            spec_two = run_config(root, args, target, draft, 2, ALPHA)
-            plain_two = next((r for r in rows if r["target"] == target and not r["draft"] and r["target_degree"] == 2),
-                             None) or run_config(root, args, target, None, 2, None)
-            rows += [spec_one, spec_two] + ([plain_two] if plain_two not in rows else [])
-            summary["speculative_degree2_vs_degree1"] = round(spec_two["tokens_per_s"] / spec_one["tokens_per_s"], 3)
-            summary["speculative_vs_target_only_degree2"] = round(spec_two["tokens_per_s"] / plain_two["tokens_per_s"], 3)
-        if "big" in parts:
-            target, draft = PLANS["big"]
-            shape = DRY_RUN[target] if args.dry_run else target
-            element = 4 if args.dry_run else 2
-            floor_step = weight_bytes(shape, 2, element) / bandwidth  # every rank reads its shard at once
-            draft_step = weight_bytes(DRY_RUN[draft] if args.dry_run else draft, 1, element) / bandwidth
-            plain = run_config(root, args, target, None, 2, None)
-            spec = run_config(root, args, target, draft, 2, ALPHA)
-            # Target only: one token per target step. Speculative: E tokens per round of k draft steps (degree 1,
-            # its whole weights) and one verification (the target's shard), E = (1 - alpha^(k+1)) / (1 - alpha).
-            expected_per_round = (1 - ALPHA ** (K + 1)) / (1 - ALPHA)
-            floors = {id(plain): 1 / floor_step, id(spec): expected_per_round / (floor_step + K * draft_step)}
-            for row in (plain, spec):
-                row["bandwidth_floor_tokens_per_s"] = round(floors[id(row)], 2)
-                row["fraction_of_floor"] = round(row["tokens_per_s"] / floors[id(row)], 3)
-            rows += [plain, spec]
-            summary["big_weight_bytes_per_rank"] = weight_bytes(shape, 2, 4 if args.dry_run else 2)
-    print_table(rows, ["target", "draft", "target_degree", "alpha", "tokens_per_s", "tokens_per_round",
-                       "bandwidth_floor_tokens_per_s", "fraction_of_floor"])
-    log(json.dumps(summary))
-    if args.dry_run:
-        summary["note"] = "DRY RUN: CPU, gloo, tiny shapes; numbers mean nothing"
-    path = write_results(args.name + ("_dry_run" if args.dry_run else ""), rows, {"summary": summary})
-    log(f"wrote {path}")
+        # The fused kernel's own barrier is the one thing here that could hang a GPU: its exactness check comes
+        # last, after everything the other modes measure (the watchdog ends a hang).
+        if "exact" in parts:
+            exact_part(run, root, [m for m in run.modes if m != "fused"])
+        if {"decode", "profile", "speculative"} & set(parts):
+            seven_b_parts(run, root, parts)
+        if "exact" in parts and "fused" in run.modes:
+            exact_part(run, root, ["fused"])
+        if "70b" in parts:
+            seventy_b_part(run, root, bandwidth)
+    run.summary["seconds"] = round(time.perf_counter() - started, 1)
+    for rows, columns in (
+            ([r for r in run.rows if r["part"] != "exact"],
+             ["part", "target", "degree", "channel", "mode", "batch", "k", "alpha", "tokens_per_s", "vs_degree_1",
+              "vs_target_only", "fraction_of_floor"]),
+            ([r for r in run.rows if r["part"] == "exact"],
+             ["dtype", "mode", "mode_used", "greedy_identical", "sampled_identical", "max_logit_difference"]),
+            (run.profiles, ["mode", "rank", "step_us", "compute_us", "comm_us", "comm_kernels", "idle_us", "gap_us",
+                            "kernels_per_replay"])):
+        if rows:
+            print_table(rows, columns)
+    log(json.dumps(run.summary))
+    run.save()
     return 0
 
 

@@ -1,6 +1,7 @@
 """Load a decoder from a Hugging Face folder (config.json + safetensors), a GGUF file, or a built-in model name."""
 
 import glob
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,10 @@ from specsplit.services.models.decoder import CausalDecoder
 from specsplit.services.models.rotary import RotaryEmbedding
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# A folder with config.json, this file ({"seed", "std"}) and no weights: BENCHMARKS ONLY, random weights drawn in
+# place on the model's device (a 70B shape need not exist on any disk); a sharded rank draws its own shard
+# (models/sharded_loader.py).
+RANDOM_WEIGHTS_MARKER = "random_weights.json"
 
 
 @dataclass
@@ -48,19 +53,43 @@ def load_model(model: str, dtype: str | torch.dtype = "float32", device: str | t
     path = resolve_model_path(model)
     if path.is_file():
         hf_config, state, tokenizer = _read_gguf(path)
+    elif random_weights_settings(path) is not None:
+        hf_config, state, tokenizer = AutoConfig.from_pretrained(path), None, _tokenizer_or_none(path)
     else:
         hf_config, state, tokenizer = _read_folder(path)
     config = DecoderConfig.from_hf(hf_config)
     with torch.device("meta"):
         decoder = CausalDecoder(config)
-    decoder = decoder.to_empty(device=device).to(torch_dtype)
+    decoder = decoder.to(torch_dtype).to_empty(device=device)  # cast on meta: memory for the final dtype only
     if config.tie_word_embeddings:
         decoder.lm_head.weight = decoder.model.embed_tokens.weight
     # Rotary frequencies stay float32 whatever the weights' dtype.
     decoder.rotary = RotaryEmbedding(hf_config, config.head_dim).to(device)
-    decoder.load_hf_state_dict(state)
+    if state is None:
+        draw_random_weights(decoder, random_weights_settings(path), 0)
+    else:
+        decoder.load_hf_state_dict(state)
     decoder.eval().requires_grad_(False)
     return LoadedModel(decoder, config, tokenizer, str(path), os.path.basename(str(path).rstrip("/")))
+
+
+def random_weights_settings(path: Path) -> dict | None:
+    """BENCHMARKS ONLY: a random-weights folder's settings, or None for any other model."""
+    if not (path / RANDOM_WEIGHTS_MARKER).exists() or glob.glob(str(path / "*.safetensors")):
+        return None
+    return json.loads((path / RANDOM_WEIGHTS_MARKER).read_text())
+
+
+def draw_random_weights(decoder: CausalDecoder, settings: dict, stream: int) -> None:
+    """BENCHMARKS ONLY: norms 1, every other weight normal(0, std), drawn on the weights' device (`stream`: a
+    sharded rank's own draw)."""
+    generator = torch.Generator(device=next(decoder.parameters()).device).manual_seed(settings.get("seed", 0) + stream)
+    with torch.no_grad():
+        for name, parameter in decoder.named_parameters():
+            if "norm" in name:
+                parameter.fill_(1.0)
+            else:
+                parameter.normal_(0.0, settings.get("std", 0.02), generator=generator)
 
 
 def _read_folder(path: Path):

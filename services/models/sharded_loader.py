@@ -7,7 +7,6 @@ Hugging Face folder first (built-in names already are one).
 """
 
 import glob
-import json
 import os
 
 import torch
@@ -17,13 +16,11 @@ from transformers import AutoConfig
 from specsplit.services.errors import InvalidArgument
 from specsplit.services.models.config import DecoderConfig
 from specsplit.services.models.decoder import CausalDecoder
-from specsplit.services.models.loader import DTYPES, LoadedModel, _tokenizer_or_none, resolve_model_path
+from specsplit.services.models.loader import (DTYPES, LoadedModel, _tokenizer_or_none, draw_random_weights,
+                                              random_weights_settings, resolve_model_path)
 from specsplit.services.models.rotary import RotaryEmbedding
 from specsplit.services.models.tensor_parallel import ShardPlan, shard_decoder
 
-# A folder with config.json, this file ({"seed", "std"}) and no weights: BENCHMARKS ONLY, each rank draws random
-# weights for its shard in place (bench/bench_gpu_tensor_parallel.py).
-RANDOM_WEIGHTS_MARKER = "random_weights.json"
 
 
 def read_decoder_config(model: str) -> DecoderConfig:
@@ -48,11 +45,12 @@ def load_model_shard(model: str, rank: int, world_size: int, group, dtype="float
     with torch.device("meta"):
         decoder = CausalDecoder(plan.shard_config())
         shard_decoder(decoder, plan, group)
-    decoder = decoder.to_empty(device=device).to(torch_dtype)
+    decoder = decoder.to(torch_dtype).to_empty(device=device)  # cast on meta: memory for the final dtype only
     decoder.rotary = RotaryEmbedding(hf_config, full.head_dim).to(device)
     files = sorted(glob.glob(str(path / "*.safetensors")))
-    if (path / RANDOM_WEIGHTS_MARKER).exists() and not files:
-        _random_shard(decoder, json.loads((path / RANDOM_WEIGHTS_MARKER).read_text()), rank)
+    settings = random_weights_settings(path)
+    if settings is not None:  # BENCHMARKS ONLY: each rank draws its shard's random weights on its device
+        draw_random_weights(decoder, settings, rank)
     elif not files:
         raise InvalidArgument(f"{path} has no .safetensors weights")
     else:
@@ -62,17 +60,6 @@ def load_model_shard(model: str, rank: int, world_size: int, group, dtype="float
     decoder.eval().requires_grad_(False)
     tokenizer = _tokenizer_or_none(path) if with_tokenizer else None
     return LoadedModel(decoder, plan.shard_config(), tokenizer, str(path), os.path.basename(str(path).rstrip("/")))
-
-
-def _random_shard(decoder: CausalDecoder, settings: dict, rank: int) -> None:
-    """BENCHMARKS ONLY: random weights drawn on the shard's own device (a 70B shape need not exist on any disk)."""
-    generator = torch.Generator(device=next(decoder.parameters()).device).manual_seed(settings.get("seed", 0) + rank)
-    with torch.no_grad():
-        for name, parameter in decoder.named_parameters():
-            if "norm" in name:
-                parameter.fill_(1.0)
-            else:
-                parameter.normal_(0.0, settings.get("std", 0.02), generator=generator)
 
 
 def _load_slices(decoder: CausalDecoder, plan: ShardPlan, files: list[str]) -> None:

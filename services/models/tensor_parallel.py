@@ -3,6 +3,9 @@
 Per layer each rank holds its heads' slice of q/k/v (column-parallel: no communication), the matching columns of
 o_proj (row-parallel: one all-reduce after attention), its slice of gate/up (column-parallel) and the matching
 columns of down_proj (row-parallel: one all-reduce after the MLP). Norms and the residual stream are replicated.
+A row-parallel layer without a bias leaves its partial sums unreduced: the norm that reads them next (the post-
+attention norm, the next layer's input norm, the final norm) is a ReducingRMSNorm, whose all-reduce, residual add
+and RMSNorm can then be one kernel (runtime/tensor_parallel_all_reduce.py).
 The vocabulary is split too: each rank embeds only its rows (an all-reduce joins them; the others contribute exact
 zeros) and projects the final hidden state onto its rows of the output layer; the logits are all-gathered, so the
 rank that samples (rank 0) sees the whole distribution.
@@ -19,6 +22,7 @@ import torch
 from torch import nn
 
 from specsplit.services.models.config import DecoderConfig
+from specsplit.services.models.decoder import RMSNorm
 
 
 @dataclass(frozen=True)
@@ -66,17 +70,35 @@ class ShardPlan:
 
 class RowParallelLinear(nn.Module):
     """y = all_reduce(x_shard @ W_shard^T) + b. The inner `linear` is a plain nn.Linear without bias, so weight
-    formats (models/weight_formats.py) convert it like any other; the bias is added once, after the sum."""
+    formats (models/weight_formats.py) convert it like any other; the bias is added once, after the sum.
+    `reduce` False (no bias): y is this rank's partial sum, reduced by the ReducingRMSNorm that reads it."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, group):
+    def __init__(self, in_features: int, out_features: int, bias: bool, group, reduce: bool = True):
         super().__init__()
         self.linear = nn.Linear(in_features, out_features, bias=False)
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self.group = group
+        self.reduce = reduce
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.reduce:
+            return self.linear(x)
         out = self.group.all_reduce(self.linear(x))
         return out if self.bias is None else out + self.bias
+
+
+class ReducingRMSNorm(RMSNorm):
+    """The RMSNorm after a row-parallel layer that left its partial sums unreduced: norm(all_reduce(x) + residual).
+    Consecutive ones in a forward alternate `slot` (0, 1, 0, ...: a forward has an even number of them), which the
+    fused kernel needs to reuse its buffers without a second barrier."""
+
+    def __init__(self, size: int, eps: float, group, slot: int):
+        super().__init__(size, eps)
+        self.group = group
+        self.slot = slot
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.group.all_reduce_add_rms_norm(x, residual, self.weight, self.eps, self.slot)
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -111,12 +133,25 @@ class VocabParallelHead(nn.Module):
 
 def shard_decoder(model: nn.Module, plan: ShardPlan, group) -> None:
     """Turn a CausalDecoder built from `plan.shard_config()` into rank `plan.rank`'s shard, in place (on the meta
-    device: nothing is allocated here): row-parallel o_proj and down_proj, vocabulary-parallel embedding and head."""
+    device: nothing is allocated here): row-parallel o_proj and down_proj (reduced in the norms after them when they
+    have no bias), vocabulary-parallel embedding and head."""
     config = plan.config
-    for layer in model.model.layers:
+    layers = model.model.layers
+    deferred = not (config.o_bias or config.mlp_bias)
+    for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
-        attn.o_proj = RowParallelLinear(attn.q_size, config.hidden_size, config.o_bias, group)
-        mlp.down_proj = RowParallelLinear(mlp.intermediate_size, config.hidden_size, config.mlp_bias, group)
+        attn.o_proj = RowParallelLinear(attn.q_size, config.hidden_size, config.o_bias, group, reduce=not deferred)
+        mlp.down_proj = RowParallelLinear(mlp.intermediate_size, config.hidden_size, config.mlp_bias, group,
+                                          reduce=not deferred)
+    if deferred:
+        # The norms that read them: each layer's post-attention norm reads its o_proj's output, the next layer's
+        # input norm (the final norm, after the last layer) its down_proj's. Two per layer, slots 0, 1, 0, 1, ...
+        readers = [reader for i, layer in enumerate(layers) for reader in (
+            (layer, "post_attention_layernorm"),
+            (layers[i + 1], "input_layernorm") if i + 1 < len(layers) else (model.model, "norm"))]
+        for slot, (owner, name) in enumerate(readers):
+            norm = getattr(owner, name)
+            setattr(owner, name, ReducingRMSNorm(norm.weight.shape[0], norm.eps, group, slot % 2))
     rows = plan.vocab_per_rank
     model.model.embed_tokens = VocabParallelEmbedding(rows, plan.vocab.start, config.hidden_size, group)
     model.lm_head = VocabParallelHead(rows, config.hidden_size, config.vocab_size, group)

@@ -55,18 +55,24 @@ class GraphCache:
         self.copies_inside = True
 
     def clear(self) -> None:
+        if self.steps:  # a replay may still run (a tensor-parallel follower does not wait for its replays)
+            torch.cuda.synchronize(self.device)
         self.steps.clear()
 
-    def run(self, key: tuple, program, host_inputs: np.ndarray) -> np.ndarray:
+    def run(self, key: tuple, program, host_inputs: np.ndarray, wait: bool = True) -> np.ndarray | None:
         """Replay the graph of `key` (capturing it on first use) on `host_inputs`; returns the result on the host
         (valid until the next call). `program(inputs)` maps a device int64 buffer of the layout `host_inputs` has
-        to one device tensor."""
+        to one device tensor. `wait` False: return None at once, without the result (a tensor-parallel rank that
+        does not decide: its next call cannot come before rank 0 has this one's result, which needs this rank's
+        replay to have reached its last collective, long after it read its inputs)."""
         step = self.steps.get(key) or self._capture(key, program, host_inputs)
         step.staging.numpy()[:] = host_inputs
         with torch.cuda.device(self.device):  # a graph replays on its own device's current stream
             if not step.copies_inside:
                 step.inputs.copy_(step.staging, non_blocking=True)
             step.graph.replay()
+            if not wait:
+                return None
             if not step.copies_inside:
                 step.result.copy_(step.output, non_blocking=True)
             torch.cuda.current_stream(self.device).synchronize()

@@ -142,13 +142,16 @@ class ModelRunner:
 
     def execute_step(self, program, shape, layout, host: np.ndarray, bucket: int | None) -> np.ndarray:
         """Run a step program on its packed inputs (a graph replay when `bucket` is set). The ranks of a
-        tensor-parallel replica all run this with rank 0's inputs (runtime/tensor_parallel_runner.py)."""
+        tensor-parallel replica all run this with rank 0's inputs (runtime/tensor_parallel_runner.py); a rank that
+        does not decide gets None, without waiting for the device."""
         if bucket is not None:
             key = (program.name, shape, bucket)
-            return self.graphs.run(key, lambda inputs: self._run_program(program, shape, layout, inputs), host)
+            return self.graphs.run(key, lambda inputs: self._run_program(program, shape, layout, inputs), host,
+                                   wait=self.decides)
         with torch.inference_mode():
             inputs = torch.from_numpy(host).to(self.device)
-            return self._run_program(program, shape, layout, inputs).cpu().numpy()
+            output = self._run_program(program, shape, layout, inputs)
+            return output.cpu().numpy() if self.decides else None
 
     def _run_program(self, program, shape, layout, inputs: torch.Tensor) -> torch.Tensor:
         fields = layout.unpack(inputs)

@@ -4,28 +4,26 @@ command channel through which rank 0 drives the others in lockstep.
 Process groups are built directly on a TCP store (no global `init_process_group`), so one process can hold several
 replicas' groups at once: the in-process engine drives a target and a draft group, each with its own followers.
 
-- the model group: NCCL between GPUs (graph-capturable collectives), gloo on the CPU. The sharded layers' all-reduces
-  and all-gathers (models/tensor_parallel.py) run on it.
-- the command group: always gloo (host memory). Rank 0 broadcasts each device operation's metadata here before it
-  runs it (token ids, positions, block ids, the step's packed inputs), and every other rank runs the same operation
-  on its own shard (runtime/tensor_parallel_runner.py). Never tensors a rank can compute itself.
+- the model group: NCCL between GPUs (graph-capturable collectives), gloo on the CPU. The sharded layers'
+  all-reduces (runtime/tensor_parallel_all_reduce.py: NCCL, or peer-to-peer over NVLink for small messages) and
+  the logits' all-gather run on it.
+- the command channel (runtime/tensor_parallel_commands.py): rank 0 sends each device operation's metadata there
+  before it runs it (token ids, positions, block ids, the step's packed inputs), and every other rank runs the same
+  operation on its own shard (runtime/tensor_parallel_runner.py). Never tensors a rank can compute itself.
 """
 
 import datetime
 import os
-import pickle
 
 import torch
 import torch.distributed as dist
 
 from specsplit.services.errors import InvalidArgument
+from specsplit.services.runtime.tensor_parallel_all_reduce import MODE_ENV, AllReduce
+from specsplit.services.runtime.tensor_parallel_commands import open_command_channel
 
 # Model collectives that take longer than this mean a rank is gone (or stuck): fail rather than hang.
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=float(os.environ.get("SPECSPLIT_TP_TIMEOUT_SECONDS", "120")))
-# A step's command (its packed inputs and shape) usually fits one frame: one broadcast per operation.
-COMMAND_FRAME_BYTES = 4096
-# Followers wait for rank 0's next command as long as the replica is idle.
-IDLE_TIMEOUT = datetime.timedelta(days=365)
 
 
 def check_tensor_parallel_degree(degree: int, num_heads: int, num_kv_heads: int, device: str) -> None:
@@ -58,7 +56,8 @@ def rank_device(device: str, rank: int) -> torch.device:
 class TensorParallelGroup:
     def __init__(self, rank: int, world_size: int, store_address: tuple[str, int], device: torch.device,
                  store: dist.TCPStore | None = None):
-        """`store`: rank 0 passes the store it created (listening at `store_address`); the others connect to it."""
+        """`store`: rank 0 passes the store it created (listening at `store_address`); the others connect to it.
+        Collective: every rank of the replica constructs its group at the same time."""
         self.rank = rank
         self.world_size = world_size
         self.device = torch.device(device)
@@ -70,19 +69,26 @@ class TensorParallelGroup:
             options._timeout = COLLECTIVE_TIMEOUT
             self.model_group = dist.ProcessGroupNCCL(dist.PrefixStore("model", self.store), rank, world_size, options)
         else:
-            self.model_group = _gloo_group(dist.PrefixStore("model", self.store), rank, world_size, COLLECTIVE_TIMEOUT)
-        self.command_group = _gloo_group(dist.PrefixStore("command", self.store), rank, world_size, IDLE_TIMEOUT)
+            self.model_group = gloo_group(dist.PrefixStore("model", self.store), rank, world_size, COLLECTIVE_TIMEOUT)
+        self.commands = open_command_channel(rank, world_size, self.store, poll=self.device.type == "cuda")
+        self.all_reduce = AllReduce(self)
+        self.use_all_reduce()
 
     @property
     def is_driver(self) -> bool:
         return self.rank == 0
 
-    # -- collectives of the sharded layers (graph-capturable on NCCL: no host reads) --------------------------------
+    def use_all_reduce(self, mode: str | None = None) -> str:
+        """Collective: the all-reduce every rank uses from now on (SPECSPLIT_TP_ALL_REDUCE, default "auto");
+        returns the mode all ranks could agree on. Graphs captured before hold the old one (drop them)."""
+        return self.all_reduce.use(mode or os.environ.get(MODE_ENV, "auto"))
 
-    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum over ranks, in place; returns `tensor`."""
-        self.model_group.allreduce([tensor]).wait()
-        return tensor
+    # -- collectives of the sharded layers (graph-capturable on a GPU: no host reads) ------------------------------
+
+    def all_reduce_add_rms_norm(self, partial: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                                eps: float, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sum over ranks of `partial`, then the residual add and RMSNorm of models/decoder.RMSNorm."""
+        return self.all_reduce.add_rms_norm(partial, residual, weight, eps, slot)
 
     def all_gather_last(self, tensor: torch.Tensor) -> torch.Tensor:
         """Concatenate every rank's `tensor` along its last dimension, rank order."""
@@ -95,33 +101,22 @@ class TensorParallelGroup:
     # -- the command channel ----------------------------------------------------------------------------------------
 
     def send_command(self, command: tuple) -> None:
-        """Rank 0: every other rank will run `command` (metadata only) next. One broadcast of a fixed-size frame
-        (its first 8 bytes the payload's length); a payload larger than the frame sends its rest in a second one."""
-        payload = pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL)
-        frame = torch.zeros(COMMAND_FRAME_BYTES, dtype=torch.uint8)
-        frame[:8] = torch.frombuffer(bytearray(len(payload).to_bytes(8, "little")), dtype=torch.uint8)
-        head = payload[: COMMAND_FRAME_BYTES - 8]
-        frame[8 : 8 + len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
-        self.command_group.broadcast([frame], dist.BroadcastOptions()).wait()
-        if len(payload) > len(head):
-            rest = torch.frombuffer(bytearray(payload[len(head):]), dtype=torch.uint8)
-            self.command_group.broadcast([rest], dist.BroadcastOptions()).wait()
+        """Rank 0: every other rank will run `command` (metadata only) next."""
+        self.commands.send(command)
+
+    def send_step(self, name: str, shape, rows: int, host, bucket: int | None) -> None:
+        """Rank 0: every other rank will run step program `name` of `shape` on the packed inputs `host` next."""
+        self.commands.send_step(name, shape, rows, host, bucket)
 
     def receive_command(self) -> tuple:
         """Ranks > 0: block until rank 0 sends the next command."""
-        frame = torch.empty(COMMAND_FRAME_BYTES, dtype=torch.uint8)
-        self.command_group.broadcast([frame], dist.BroadcastOptions()).wait()
-        raw = frame.numpy().tobytes()
-        size = int.from_bytes(raw[:8], "little")
-        payload = raw[8 : 8 + size]
-        if size > len(payload):
-            rest = torch.empty(size - len(payload), dtype=torch.uint8)
-            self.command_group.broadcast([rest], dist.BroadcastOptions()).wait()
-            payload += rest.numpy().tobytes()
-        return pickle.loads(payload)
+        return self.commands.receive()
+
+    def close(self) -> None:
+        self.commands.close()
 
 
-def _gloo_group(store, rank: int, world_size: int, timeout: datetime.timedelta) -> dist.ProcessGroupGloo:
+def gloo_group(store, rank: int, world_size: int, timeout: datetime.timedelta) -> dist.ProcessGroupGloo:
     """A gloo group whose ranks meet on this host's loopback (or SPECSPLIT_TP_HOST: the address other hosts reach
     this one at, for replicas across machines)."""
     options = dist.ProcessGroupGloo._Options()

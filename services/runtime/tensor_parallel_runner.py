@@ -1,18 +1,21 @@
 """Lockstep of a tensor-parallel replica: rank 0's model runner drives, the other ranks' runners follow.
 
 Rank 0 is an ordinary ModelRunner over its shard that, before each operation touching the device, sends the
-operation's metadata on the command channel (runtime/tensor_parallel_group.py):
+operation's metadata on the command channel (runtime/tensor_parallel_commands.py):
 
 - `copy_blocks`: the copy-on-write copies a KV reservation asked for (block ids);
 - `forward`: a ragged forward (prefills): per item its block ids, token count, new token ids and logits rows;
 - `step`: a step program (draft k-step call, verification): its name, shape and the packed int64 inputs;
-- `tables`: a change of the device block tables made outside a step program.
+- `tables`: a change of the device block tables made outside a step program;
+- `all_reduce`: every rank switches its all-reduce mode (runtime/tensor_parallel_all_reduce.py) and drops its graphs;
+- `profile`: benchmarks only, a torch.profiler trace of each follower (start; stop, writing it to a file).
 
 Every rank then runs the same operation on its own shard and its own paged KV (its KV heads only). Host-side state
 (block manager, prefix cache, sequences) lives on rank 0 alone: the followers only ever see block ids.
 
 Step programs run whole on every rank (on a GPU, each rank captures the same graph with its collectives inside).
-The verification decides on rank 0 only: followers stop after the logits' all-gather (`runner.decides`). A draft's
+The verification decides on rank 0 only: followers stop after the logits' all-gather (`runner.decides`), and do
+not wait for their replay to finish: they go straight back to the channel for the next command. A draft's
 k-step program needs each proposal on every rank for the next forward: every rank samples it from the same
 all-gathered logits with the same counter RNG (identical tokens, no broadcast on the step's critical path), and
 rank 0's result is the one returned.
@@ -59,8 +62,23 @@ class DrivingModelRunner(ModelRunner):
         return self._guarded(super().forward_flat, items)
 
     def execute_step(self, program, shape, layout, host: np.ndarray, bucket: int | None) -> np.ndarray:
-        self._command("step", program.name, shape, layout.rows, host, bucket)
+        self._check_up()
+        self._guarded(self.group.send_step, program.name, shape, layout.rows, host, bucket)
         return self._guarded(super().execute_step, program, shape, layout, host, bucket)
+
+    def use_all_reduce(self, mode: str) -> str:
+        """Switch every rank's all-reduce (nccl, symm, fused, auto); returns the mode they agreed on. The graphs
+        captured so far hold the old one: every rank drops them (captured again on their next use)."""
+        self._command("all_reduce", mode)
+        chosen = self._guarded(self.group.use_all_reduce, mode)
+        if self.graphs is not None:
+            self.graphs.clear()
+        return chosen
+
+    def profile_followers(self, action: str, path: str | None = None) -> None:
+        """BENCHMARKS ONLY: "start" a torch.profiler trace on every other rank, or "stop" it, each rank writing a
+        Chrome trace to `path` with "{rank}" replaced by its rank."""
+        self._command("profile", action, path)
 
     def rank_lost(self, reason: str) -> None:
         """A rank is gone: refuse every later call (the followers are stopped by whoever noticed)."""
@@ -80,11 +98,15 @@ class DrivingModelRunner(ModelRunner):
             self.lost = "closed"
         if self.followers is not None:
             self.followers.stop()
+        self.group.close()
 
     def _command(self, *command) -> None:
+        self._check_up()
+        self._guarded(self.group.send_command, command)
+
+    def _check_up(self) -> None:
         if self.lost is not None:
             raise Unavailable(f"tensor-parallel replica is down: {self.lost}")
-        self._guarded(self.group.send_command, command)
 
     def _guarded(self, operation, *args):
         """Run a step of the lockstep; a collective that fails means a rank is gone."""
@@ -111,10 +133,12 @@ def follow(group, make_runner) -> None:
     from specsplit.services.target.verify_steps import VerifySteps
 
     programs = {VerifySteps.name: VerifySteps, DraftSteps.name: DraftSteps}
-    runner = None
+    layouts = {}  # (program, shape, rows) -> its input layout: built once, not on every step
+    runner = profiler = None
     while True:
         kind, *args = group.receive_command()
         if kind == "stop":
+            group.close()
             return
         if kind == "runner":
             runner = make_runner(**args[0])
@@ -128,12 +152,42 @@ def follow(group, make_runner) -> None:
         elif kind == "step":
             name, shape, rows, host, bucket = args
             program = programs[name]
-            runner.execute_step(program, shape, program.layout(shape, rows), host, bucket)
+            layout = layouts.get((name, shape, rows))
+            if layout is None:
+                layout = layouts[(name, shape, rows)] = program.layout(shape, rows)
+            runner.execute_step(program, shape, layout, host, bucket)
         elif kind == "tables":
             change = args[0]
             if change[0] == "write":
                 runner.block_tables.write(change[1])
             else:
                 runner.block_tables.grow()
+        elif kind == "all_reduce":
+            group.use_all_reduce(args[0])
+            if runner is not None and runner.graphs is not None:
+                runner.graphs.clear()
+        elif kind == "profile":
+            profiler = _profile(profiler, group.rank, *args)
         else:
             raise RuntimeError(f"unknown tensor-parallel command {kind!r}")
+
+
+def _profile(profiler, rank: int, action: str, path: str | None):
+    """BENCHMARKS ONLY: start a torch.profiler trace of this rank, or stop it and write it as a Chrome trace."""
+    import torch
+
+    if action == "start":
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        profiler = torch.profiler.profile(activities=activities)
+        profiler.start()
+        return profiler
+    if profiler is not None:
+        import os
+
+        profiler.stop()
+        path = path.replace("{rank}", str(rank))
+        profiler.export_chrome_trace(path + ".partial")
+        os.replace(path + ".partial", path)  # whoever waits for the file sees it whole
+    return None

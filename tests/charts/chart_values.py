@@ -37,6 +37,11 @@ VALUE_SETS: dict[str, dict] = {
         "target": {"model": "/models/llama-3-70b-instruct", "tensorParallelSize": 4, "resources": _pool("32", "256Gi", 4)},
         "draft": {"model": "/models/llama-3-8b-instruct", "tensorParallelSize": 2, "resources": _pool("8", "64Gi", 2)},
     },
+    # A target too big for one GPU (a 70B in bf16 over two 141 GB GPUs) beside a small draft on one GPU per pod.
+    "tp2-big-target-one-gpu-draft": {
+        "target": {"model": "/models/llama-3.3-70b-instruct", "tensorParallelSize": 2, "resources": _pool("8", "96Gi", 2)},
+        "draft": {"model": "/models/llama-3.2-1b-instruct", "resources": _pool("4", "16Gi", 1)},
+    },
     "canary-on": {
         "canary": {"enabled": True, "model": "qwen2.5-coder-1.5b-instruct", "weight": 5,
                    "promotion": {"metric": "acceptanceRate", "maxWeight": 40}},

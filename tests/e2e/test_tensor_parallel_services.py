@@ -85,6 +85,9 @@ def test_sharded_target_worker_gives_degree_one_output(sharded, reference):
         assert [client.generate(p, max_tokens=24, ignore_eos=True, temperature=0.9, seed=7).token_ids
                 for p in PROMPTS] == sampled
     assert sharded.worker_info("target_tp").sequences_prefilled - before >= len(PROMPTS) // 2
+    if "tensor_parallel_size" in type(sharded.worker_info("target_tp")).DESCRIPTOR.fields_by_name:  # proto field 14
+        assert sharded.worker_info("target_tp").tensor_parallel_size == 2
+        assert sharded.worker_info("target_b").tensor_parallel_size == 1
     assert len(rank_pids(sharded.processes["target_tp"])) == 1
     infos = sharded.wait_kv_free(["target_tp", "target_b", "draft"])
     assert all(i.kv_blocks_used == 0 for i in infos.values())

@@ -1,7 +1,8 @@
 """What only two GPUs can show, on tiny float32 models; skipped with fewer than two CUDA GPUs (CI has none, the lent
 2-GPU machine runs it):
 - tensor parallelism over NCCL: a target at degree 2 (ranks on cuda:0 and cuda:1) gives the degree-1 target's greedy
-  tokens and seeded samples, target-only and speculative (draft at degree 1);
+  tokens and seeded samples, target-only and speculative (draft at degree 1); and so do the peer-to-peer
+  all-reduces over NVLink (torch's one-shot over symmetric memory, our fused all-reduce + RMSNorm kernel);
 - overlapped rounds across the split over real processes: target on cuda:0, draft on cuda:1, a coordinator with
   --overlap on and one with --overlap off give the target alone's greedy tokens and the same seeded samples.
 """
@@ -52,6 +53,19 @@ def test_nccl_degree_two_gives_the_degree_one_tokens(tiny_pair, degree_one):
     assert sharded["spec_greedy"] == degree_one["greedy"]
     assert sharded["sampled"] == degree_one["sampled"]
     assert sharded["spec_sampled"] == degree_one["spec_sampled"]
+
+
+def test_peer_to_peer_all_reduces_give_the_degree_one_tokens(tiny_pair, degree_one):
+    engine = LocalEngine(str(tiny_pair["target"]), str(tiny_pair["close"]), num_speculative_tokens=4,
+                         dtype="float32", device="cuda", speculation="fixed", target_tensor_parallel_size=2)
+    try:
+        for mode in ("symm", "fused"):
+            assert engine.target_runner.use_all_reduce(mode) == mode  # both GPUs reach each other over NVLink
+            assert generate(engine, 0) == degree_one["greedy"], mode
+            assert generate(engine, 4) == degree_one["greedy"], mode
+            assert generate(engine, 4, 0.8) == degree_one["spec_sampled"], mode
+    finally:
+        asyncio.run(engine.close())
 
 
 @pytest.fixture(scope="module")

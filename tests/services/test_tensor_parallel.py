@@ -17,6 +17,7 @@ import torch
 from specsplit.services.errors import InvalidArgument, Unavailable
 from specsplit.services.local_engine import LocalEngine
 from specsplit.services.models.loader import load_model
+from specsplit.services.models.tensor_parallel import ReducingRMSNorm
 from specsplit.services.runtime.model_runner import ModelRunner
 from specsplit.services.runtime.tensor_parallel_group import check_tensor_parallel_degree
 from specsplit.services.runtime.tensor_parallel_launch import start_tensor_parallel_runner
@@ -89,8 +90,11 @@ def test_target_degree_four_with_sharded_draft(tiny_pair, reference):
         asyncio.run(e.close())
 
 
-def test_float32_shards_pick_the_same_tokens(tmp_path):
-    model = build_model("llama", seed=3)  # float32, four heads over two KV heads
+@pytest.mark.parametrize("attention_bias", [False, True])
+def test_float32_shards_pick_the_same_tokens(tmp_path, attention_bias):
+    """Without biases the row-parallel sums are reduced inside the norms after them; with o_proj's bias (a Llama
+    with attention_bias) each is reduced on its own, before its bias is added."""
+    model = build_model("llama", seed=3, attention_bias=attention_bias)  # float32, four heads over two KV heads
     path = str(save_model(model, tmp_path / "llama32"))
     tokens = list(range(5, 60, 3))
     expected = run_prompt(ModelRunner(load_model(path, "float32"), num_blocks=16), tokens)
@@ -101,6 +105,26 @@ def test_float32_shards_pick_the_same_tokens(tmp_path):
         runner.close()
     torch.testing.assert_close(logits, expected, rtol=0, atol=1e-5)
     assert torch.equal(logits.argmax(-1), expected.argmax(-1))
+
+
+def test_row_parallel_sums_are_reduced_by_the_norms_that_read_them(sharded_target, reference):
+    """Every post-attention norm, every later layer's input norm and the final norm reduce the partial sums they
+    read, in alternating slots; the first input norm reads the embedding (already whole). On the CPU every
+    all-reduce mode comes down to gloo's, and switching modes (every rank drops its graphs) changes no token."""
+    runner = sharded_target.target_runner
+    model = runner.model
+    layers = model.model.layers
+    reading = [n for i, layer in enumerate(layers)
+               for n in (layer.post_attention_layernorm, layers[i + 1].input_layernorm if i + 1 < len(layers)
+                         else model.model.norm)]
+    assert all(isinstance(n, ReducingRMSNorm) for n in reading)
+    assert [n.slot for n in reading] == [0, 1] * len(layers)
+    assert not isinstance(layers[0].input_layernorm, ReducingRMSNorm)
+    assert not any(layer.self_attn.o_proj.reduce or layer.mlp.down_proj.reduce for layer in layers)
+    assert runner.group.all_reduce.mode == "nccl"
+    for mode in ("fused", "symm", "auto", "nccl"):
+        assert runner.use_all_reduce(mode) == "nccl"
+    assert generate(sharded_target, 4) == reference["greedy"]
 
 
 def test_bad_degrees_are_refused_before_anything_starts(tiny_pair):

@@ -64,3 +64,24 @@ def test_a_rank_loads_exactly_its_slices(tmp_path, rank):
     assert torch.equal(rows[: len(expected_rows)], expected_rows)
     assert not rows[len(expected_rows):].any()  # padding past the vocabulary
     assert shard.config.num_kv_heads == 1 and shard.model.model.layers[0].self_attn.num_heads == 2
+
+
+def test_random_weights_folders_load_whole_and_as_shards(tmp_path):
+    """BENCHMARKS ONLY: a config and the random-weights marker, no weights: each process draws its weights on its
+    device (a whole model at degree 1, each rank its own shard), the same on every load."""
+    import json
+
+    from specsplit.services.models.loader import RANDOM_WEIGHTS_MARKER, load_model
+
+    path = tmp_path / "random"
+    build_model("qwen2").config.save_pretrained(path)
+    (path / RANDOM_WEIGHTS_MARKER).write_text(json.dumps({"seed": 5, "std": 0.02}))
+    whole, again = load_model(str(path)), load_model(str(path))
+    params = dict(whole.model.named_parameters())
+    assert params["model.layers.0.mlp.gate_up_proj.weight"].shape == (256, 64)
+    assert all(torch.equal(p, dict(again.model.named_parameters())[n]) for n, p in params.items())
+    assert torch.equal(params["model.norm.weight"], torch.ones(64))
+    assert 0.015 < float(params["model.layers.1.self_attn.qkv_proj.weight"].std()) < 0.025
+    shards = [load_model_shard(str(path), r, 2, NoCollectives(), "float32", with_tokenizer=False) for r in (0, 1)]
+    weights = [s.model.model.layers[0].mlp.gate_up_proj.weight for s in shards]
+    assert weights[0].shape == (128, 64) and not torch.equal(weights[0], weights[1])
