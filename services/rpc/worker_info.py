@@ -3,10 +3,6 @@
 from specsplit.kernels.dispatch import batch_invariant
 from specsplit.proto.v1 import worker_pb2
 
-# Over how many GPUs (processes) the worker's model is sharded, where the proto carries it
-# (`uint32 tensor_parallel_size = 14;` in WorkerInfo).
-_REPORTS_DEGREE = "tensor_parallel_size" in worker_pb2.WorkerInfo.DESCRIPTOR.fields_by_name
-
 
 def worker_info(role, model_name, runner, sequences, batcher, proposer: str = "", max_model_len: int = 0,
                 with_path: bool = True) -> worker_pb2.WorkerInfo:
@@ -19,7 +15,7 @@ def worker_info(role, model_name, runner, sequences, batcher, proposer: str = ""
                                      sequences_prefilled=sequences.created_total, proposer=proposer,
                                      batch_invariant=batch_invariant())
     manager = runner.block_manager
-    info = worker_pb2.WorkerInfo(
+    return worker_pb2.WorkerInfo(
         role=role,
         model=model_name,
         vocab_size=runner.vocab_size,
@@ -34,7 +30,5 @@ def worker_info(role, model_name, runner, sequences, batcher, proposer: str = ""
         sequences_prefilled=sequences.created_total,
         proposer=proposer,
         batch_invariant=batch_invariant(),
+        tensor_parallel_size=getattr(runner, "tensor_parallel_size", 1),  # GPUs (processes) the model is sharded over
     )
-    if _REPORTS_DEGREE:
-        info.tensor_parallel_size = getattr(runner, "tensor_parallel_size", 1)
-    return info
