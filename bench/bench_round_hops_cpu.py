@@ -9,7 +9,7 @@ Per row (medians over the rounds):
   protobuf_ms    of which: building, serialising, parsing and unpacking the four messages (both ends, measured alone)
   transport_ms   of which the rest: gRPC loopback, event-loop turns, the worker's hand-off to its compute thread
 
-    python bench/bench_round_hops_cpu.py [--batches 1,8,32] [--rounds 40] [--transports unary,stream] [--name NAME]
+    python bench/bench_round_hops_cpu.py [--batches 1,8,32] [--rounds 40] [--transports unary,stream,channel] [--name NAME]
 
 Every process runs torch on one thread (the machine's cores are shared by the caller and both workers).
 
@@ -279,7 +279,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--rounds", type=int, default=40)
-    parser.add_argument("--transports", default="unary,stream")
+    parser.add_argument("--transports", default="unary,stream,channel")
     parser.add_argument("--name", default="round_hops_cpu")
     parser.add_argument("--null", action="store_true", help="the hop alone: workers return ready-made results")
     parser.add_argument("--calls", type=int, default=200)

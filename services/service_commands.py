@@ -28,6 +28,9 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
                        help="a built-in name, a Hugging Face folder or a GGUF file" + (" (not with --proposer ngram)" if role == "draft" else ""))
         p.add_argument("--host", default="0.0.0.0")
         p.add_argument("--port", type=int, default=50051, help="0 = any free port (printed)")
+        p.add_argument("--round-port", type=int, default=0,
+                       help="the round channel's port: the round's calls as frames over plain TCP (or TLS), beside "
+                       "gRPC, which tells coordinators where it is (0 = any free port, -1 = none: rounds over gRPC)")
         p.add_argument("--lease-seconds", type=float, default=600.0, help="free sequences idle this long")
         p.add_argument("--draft-support", type=int, default=32, help="top-K support of the draft's q")
         if role == "target":
@@ -142,6 +145,12 @@ def add_coordinating_args(c) -> None:
     c.add_argument("--worker-tls-cert", help="client certificate for workers that require mutual TLS")
     c.add_argument("--worker-tls-key", help="its private key")
     c.add_argument("--worker-tls-server-name", help="name to verify in workers' certificates (default: the address's host)")
+    c.add_argument("--worker-transport", default="channel", choices=["channel", "stream", "unary"],
+                   help="how the round's calls reach workers: channel (default: the worker's round channel, frames over "
+                   "TCP or TLS, where it has one; else a gRPC stream), stream (one long-lived gRPC stream), unary")
+    c.add_argument("--spin-wait", default="auto", choices=["auto", "on", "off"],
+                   help="keep the coordinator's loop turning while a round's answer is awaited (no wake-up delay; "
+                   "costs a core while waiting). auto: on where this process has at least four cores")
 
 
 def add_speculation_arg(p) -> None:
@@ -256,7 +265,8 @@ def _run_worker(args) -> int:
         options["acceptance"] = acceptance_policy_from_args(args)
         if args.synthetic_acceptance is not None:
             options["synthetic_acceptance"] = args.synthetic_acceptance
-    worker = dict(lease_seconds=args.lease_seconds, metrics_port=args.metrics_port, security=server_security_from_args(args),
+    worker = dict(lease_seconds=args.lease_seconds, metrics_port=args.metrics_port, round_port=args.round_port,
+                  security=server_security_from_args(args),
                   secret=load_worker_secret(args.worker_secret_file), allow_unauthenticated=args.allow_unauthenticated,
                   metrics_host=args.metrics_host, **options)
     if args.role == "target" and args.coordinate:
@@ -293,7 +303,8 @@ def _coordinator_options(args) -> dict:
                                       secret=load_worker_secret(args.worker_secret_file))
     return dict(tokenizer=args.tokenizer, config=config, metrics_port=args.metrics_port, metrics_host=args.metrics_host,
                 draft_variants_file=args.draft_variants_file, worker_security=worker_security,
-                auth_tokens=read_tokens(args.auth_token_file) if args.auth_token_file else None, http_port=args.http_port)
+                auth_tokens=read_tokens(args.auth_token_file) if args.auth_token_file else None, http_port=args.http_port,
+                worker_transport=args.worker_transport, spin_wait=args.spin_wait)
 
 
 def _run_coordinator(args) -> int:

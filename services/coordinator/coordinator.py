@@ -216,6 +216,10 @@ class Coordinator:
             await self._release_finished()
             if not decoding:
                 await asyncio.sleep(0.005)  # waiting for KV room or for a replica to come back: do not spin
+            else:
+                # One turn of the loop per round: a round whose calls all ran in this process (the co-located
+                # target, no draft call) never waited, and the client streams, probes and APIs must get their turn.
+                await asyncio.sleep(0)
 
     def _admit(self) -> None:
         room = self.config.max_num_seqs - len(self.running)

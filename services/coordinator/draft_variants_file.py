@@ -259,16 +259,17 @@ async def _close(client) -> None:
 
 
 async def start_draft_variants_watcher(
-    path: str, coordinator, connect_timeout: float, security=None
+    path: str, coordinator, connect_timeout: float, security=None, client_options: dict | None = None
 ) -> tuple[DraftVariantsWatcher, asyncio.Task]:
     """Apply the file now, wait (up to connect_timeout) for every variant to have a replica, then keep watching.
-    `security`: the coordinator's client-side TLS settings for workers."""
+    `security`: the coordinator's client-side TLS settings for workers; `client_options`: the other settings of its
+    worker clients (transport, spin_wait; grpc_clients.py)."""
     from specsplit.services.coordinator.grpc_clients import GrpcDraftClient, expand_address
 
     vocab = coordinator.targets.replicas[0].vocab_size
 
     async def connect(address: str):
-        client = GrpcDraftClient(address, security=security)
+        client = GrpcDraftClient(address, security=security, **(client_options or {}))
         try:
             await client.connect(timeout=min(connect_timeout, 10.0))
             if client.vocab_size and client.vocab_size != vocab:  # 0: any vocabulary (n-gram proposer)

@@ -9,9 +9,10 @@ from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
 from specsplit.services.coordinator.call_streams import CallStream
 from specsplit.services.errors import Unavailable
 from specsplit.services.rpc import worker_messages as msg
+from specsplit.services.rpc.round_channel import RoundChannelClient, client_ssl_context
 from specsplit.services.rpc.server import MAX_MESSAGE_BYTES
 from specsplit.services.rpc.status_codes import error_from_rpc
-from specsplit.services.rpc.worker_credentials import worker_call_metadata
+from specsplit.services.rpc.worker_credentials import COORDINATOR_ID, worker_call_metadata
 from specsplit.services.telemetry import round_timeline
 from specsplit.services.telemetry.trace_propagation import outgoing_traceparents
 
@@ -39,7 +40,7 @@ def expand_address(address: str) -> list[str]:
     return [f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}" for ip in ips]
 
 
-WORKER_TRANSPORTS = ("stream", "unary")
+WORKER_TRANSPORTS = ("channel", "stream", "unary")
 
 
 class _GrpcWorkerClient:
@@ -47,9 +48,12 @@ class _GrpcWorkerClient:
     role = ""
     stream_method = ""  # the round's call (Propose or Verify), also served over a long-lived stream
 
-    def __init__(self, address: str, call_timeout: float = 60.0, security=None, transport: str = "stream"):
-        """`transport`: how the round's call travels: "stream" (one long-lived bidirectional stream,
-        call_streams.py) or "unary" (a call per round). Trace contexts travel inside the messages either way."""
+    def __init__(self, address: str, call_timeout: float = 60.0, security=None, transport: str = "channel",
+                 spin_wait: bool = False):
+        """`transport`: how the round's call travels: "channel" (the worker's round channel, rpc/round_channel.py,
+        where it has one, else as "stream"), "stream" (one long-lived bidirectional gRPC stream, call_streams.py) or
+        "unary" (a gRPC call per round). Trace contexts travel inside the messages in every case. `spin_wait`: keep
+        this process's event loop turning while a round's answer is awaited (round_channel.LoopSpinner)."""
         if transport not in WORKER_TRANSPORTS:
             raise ValueError(f"transport must be one of {', '.join(WORKER_TRANSPORTS)}, not {transport!r}")
         self.name = address
@@ -61,10 +65,14 @@ class _GrpcWorkerClient:
         else:
             self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self.stub = self.stub_class(self.channel)
+        self.security = security
+        self.transport = transport
+        self.spin_wait = spin_wait
+        self.round_channel: RoundChannelClient | None = None
         self._metadata = worker_call_metadata(security.secret if security is not None else None)
         self.info: worker_pb2.WorkerInfo | None = None
         self.stream = None
-        if transport == "stream":
+        if transport != "unary":
             open_stream = getattr(self.stub, self.stream_method + "Stream")
             # The stream carries what every call does: the worker secret and this coordinator's id.
             self.stream = CallStream(lambda: open_stream(metadata=self._metadata))
@@ -98,6 +106,13 @@ class _GrpcWorkerClient:
                 continue
             if self.info.role != self.role:
                 raise Unavailable(f"{self.address} is a {self.info.role} worker, not a {self.role}")
+            if self.transport == "channel" and self.info.round_port and self.round_channel is None:
+                host = self.address.rpartition(":")[0].strip("[]")
+                security = self.security
+                self.round_channel = RoundChannelClient(
+                    host, self.info.round_port, COORDINATOR_ID, security.secret if security is not None else None,
+                    client_ssl_context(security), (security.server_name if security is not None else None) or host,
+                    spin=self.spin_wait)
             return self
 
     async def describe(self) -> worker_pb2.WorkerInfo:
@@ -115,6 +130,8 @@ class _GrpcWorkerClient:
     async def _round_call(self, request):
         """The round's call: over the stream when there is one, else unary. The caller bounds its time (the
         coordinator's per-replica deadline, replica_health.py)."""
+        if self.round_channel is not None:
+            return await self.round_channel.request(request, self.response_type)
         if self.stream is None or self.stream.unsupported:
             return await self._call(getattr(self.stub, self.stream_method), request)
         try:
@@ -125,6 +142,8 @@ class _GrpcWorkerClient:
             raise error_from_rpc(error) from None
 
     async def close(self):
+        if self.round_channel is not None:
+            self.round_channel.close()
         if self.stream is not None:
             self.stream.close()
         await self.channel.close()
@@ -134,6 +153,7 @@ class GrpcDraftClient(_GrpcWorkerClient):
     stub_class = worker_pb2_grpc.DraftWorkerStub
     role = "draft"
     stream_method = "Propose"
+    response_type = worker_pb2.ProposeResponse
 
     async def prefill(self, items):
         return msg.draft_prefill_results(await self._call(self.stub.Prefill, msg.draft_prefill_request(items, outgoing_traceparents())))
@@ -152,6 +172,7 @@ class GrpcTargetClient(_GrpcWorkerClient):
     stub_class = worker_pb2_grpc.TargetWorkerStub
     role = "target"
     stream_method = "Verify"
+    response_type = worker_pb2.VerifyResponse
 
     async def prefill(self, items):
         response = await self._call(self.stub.Prefill, msg.target_prefill_request(items, outgoing_traceparents()))

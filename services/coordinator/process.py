@@ -9,6 +9,7 @@ from specsplit.services.coordinator.replica_pools import ReplicaPool
 from specsplit.services.coordinator.server import GenerationService
 from specsplit.services.errors import InvalidArgument
 from specsplit.services.rpc.caller_auth import SecretCheck
+from specsplit.services.rpc.round_channel import spin_wait_default
 from specsplit.services.rpc.security import BearerTokenInterceptor
 from specsplit.services.rpc.server import start_server
 from specsplit.services.rpc.worker_process import until_stopped
@@ -31,12 +32,15 @@ def load_tokenizer(source: str | None):
     return AutoTokenizer.from_pretrained(path)
 
 
-async def connect_pools(target_addresses, draft_variants, connect_timeout, security=None, local_target=None):
+async def connect_pools(target_addresses, draft_variants, connect_timeout, security=None, local_target=None,
+                        client_options: dict | None = None):
     """-> (target pool, draft pools); draft_variants is [(name, weight, [addresses])]. `local_target`: a replica in
-    this process, first in the pool and preferred (see ReplicaPool.preferred)."""
-    targets = [GrpcTargetClient(a, security=security) for spec in target_addresses for a in expand_address(spec)]
+    this process, first in the pool and preferred (see ReplicaPool.preferred). `client_options`: the worker clients'
+    transport and spin_wait (grpc_clients.py)."""
+    options = client_options or {}
+    targets = [GrpcTargetClient(a, security=security, **options) for spec in target_addresses for a in expand_address(spec)]
     drafts = [
-        (name, weight, [GrpcDraftClient(a, security=security) for spec in addrs for a in expand_address(spec)])
+        (name, weight, [GrpcDraftClient(a, security=security, **options) for spec in addrs for a in expand_address(spec)])
         for name, weight, addrs in draft_variants
     ]
     await asyncio.gather(*(c.connect(connect_timeout) for c in targets), *(c.connect(connect_timeout) for _, _, cs in drafts for c in cs))
@@ -88,12 +92,18 @@ async def start_coordinator(
     auth_tokens: list[str] | None = None,
     http_port: int = -1,
     local_target=None,
+    worker_transport: str = "channel",
+    spin_wait: str = "auto",
 ) -> RunningCoordinator:
     """`local_target`: a target replica in this process (the co-located mode, coordinator/colocated.py), preferred
-    for every sequence; `targets` are then the other replicas it may fail over to."""
+    for every sequence; `targets` are then the other replicas it may fail over to. `worker_transport`: how rounds
+    reach workers ("channel", "stream", "unary"; grpc_clients.py); `spin_wait`: "auto", "on" or "off" (keep the
+    loop turning while a round's answer is awaited; auto: where at least four cores leave room)."""
     round_timeline.set_role("coordinator")
+    client_options = dict(transport=worker_transport, spin_wait=spin_wait == "on" or (
+        spin_wait == "auto" and spin_wait_default(on_accelerator=True)))
     target_pool, draft_pools = await connect_pools(targets, draft_variants, connect_timeout, worker_security,
-                                                   local_target)
+                                                   local_target, client_options)
     first = target_pool.replicas[0].info
     tok = load_tokenizer(tokenizer or first.model_path)
     if tok is None:
@@ -105,7 +115,8 @@ async def start_coordinator(
     if draft_variants_file:
         from specsplit.services.coordinator.draft_variants_file import start_draft_variants_watcher
 
-        _, watching = await start_draft_variants_watcher(draft_variants_file, coordinator, connect_timeout, worker_security)
+        _, watching = await start_draft_variants_watcher(draft_variants_file, coordinator, connect_timeout, worker_security,
+                                                         client_options)
     service = GenerationService(coordinator, variant_stats=observability.canary.to_pb)
     interceptors = list(observability.interceptors)
     tokens = SecretCheck(auth_tokens) if auth_tokens else None  # one failure throttle for the gRPC and HTTP APIs

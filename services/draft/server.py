@@ -23,6 +23,7 @@ class DraftService(worker_pb2_grpc.DraftWorkerServicer):
         self.proposer = proposer
         self.model_name = model_name
         self.describe_model_path = True  # False on a worker open to unauthenticated callers (worker_process.py)
+        self.round_port = 0  # where its round channel listens, once it does (rpc/round_channel.py)
         self.telemetry = WorkerTelemetry("draft", proposer.runner, proposer.sequences, proposer=proposer.kind)
         self.batcher = StepBatcher(
             self.telemetry.instrument({
@@ -41,20 +42,19 @@ class DraftService(worker_pb2_grpc.DraftWorkerServicer):
         return msg.draft_prefill_response(await self.batcher.submit("prefill", items))
 
     async def Propose(self, request, context):
-        return await self._propose_call(request, caller_owner(context), context)
+        return await self._over_grpc(self.round_call(request, caller_owner(context)), context)
 
     async def ProposeStream(self, requests, context):
-        """The round's proposals over one long-lived stream; each request answered in order."""
+        """The round's calls over one long-lived stream; each request answered in order."""
         owner = caller_owner(context)
         async for request in requests:
-            yield await self._propose_call(request, owner, context)
+            yield await self._over_grpc(self.round_call(request, owner), context)
 
-    async def _propose_call(self, request, owner, context):
+    async def round_call(self, request, owner: str | None):
+        """One round's propose call from coordinator `owner`, whatever carried it (gRPC or the round channel,
+        rpc/round_channel.py). Raises InvalidArgument when its columns do not line up."""
         round_timeline.mark("draft.received")
-        try:
-            items = bind_handles(msg.propose_items(request), owner)
-        except InvalidArgument as error:  # columns that do not line up: the caller's bug, this call alone fails
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        items = bind_handles(msg.propose_items(request), owner)
         self.telemetry.received(items, request.traceparents)
         round_timeline.mark("draft.unpacked")
         results = await self.batcher.submit("propose", items, caller=owner)
@@ -63,6 +63,21 @@ class DraftService(worker_pb2_grpc.DraftWorkerServicer):
         round_timeline.mark("draft.answered")
         return response
 
+    async def round_frame(self, payload: bytes, owner: str | None) -> bytes:
+        """The round channel's call: a serialized ProposeRequest in, the serialized answer out."""
+        try:
+            request = worker_pb2.ProposeRequest.FromString(payload)
+        except Exception as error:  # protobuf's DecodeError and friends: bytes that are no such message
+            raise InvalidArgument(f"the frame is not a valid ProposeRequest message ({type(error).__name__})") from None
+        return (await self.round_call(request, owner)).SerializeToString()
+
+    @staticmethod
+    async def _over_grpc(call, context):
+        try:
+            return await call
+        except InvalidArgument as error:  # columns that do not line up: the caller's bug, this call alone fails
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+
     async def Release(self, request, context):
         released = await self.batcher.submit("release", owned_handles(request.handles, caller_owner(context)))
         return worker_pb2.ReleaseResponse(released=sum(bool(r) for r in released))
@@ -70,7 +85,7 @@ class DraftService(worker_pb2_grpc.DraftWorkerServicer):
     async def Describe(self, request, context):
         return worker_info("draft", self.model_name, self.proposer.runner, self.proposer.sequences, self.batcher,
                            proposer=self.proposer.kind, max_model_len=self.proposer.max_model_len,
-                           with_path=self.describe_model_path)
+                           with_path=self.describe_model_path, round_port=self.round_port)
 
     def add_to(self, server) -> None:
         worker_pb2_grpc.add_DraftWorkerServicer_to_server(self, server)

@@ -49,9 +49,11 @@ def load_worker_secret(path: str | None = None) -> str | None:
     return value
 
 
-def worker_secret_interceptor(secret: str) -> SecretCheckInterceptor:
-    """Every worker method, unary or streaming, present or added later, checks the secret (caller_auth.py)."""
-    return SecretCheckInterceptor(SecretCheck([secret]), presented_worker_secret, "missing or invalid worker secret")
+def worker_secret_interceptor(secret: str | SecretCheck) -> SecretCheckInterceptor:
+    """Every worker method, unary or streaming, present or added later, checks the secret (caller_auth.py). A
+    SecretCheck given instead of the secret shares its failure throttle (with the round channel)."""
+    check = secret if isinstance(secret, SecretCheck) else SecretCheck([secret])
+    return SecretCheckInterceptor(check, presented_worker_secret, "missing or invalid worker secret")
 
 
 def presented_worker_secret(metadata) -> bytes:

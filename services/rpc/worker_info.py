@@ -5,7 +5,7 @@ from specsplit.proto.v1 import worker_pb2
 
 
 def worker_info(role, model_name, runner, sequences, batcher, proposer: str = "", max_model_len: int = 0,
-                with_path: bool = True) -> worker_pb2.WorkerInfo:
+                with_path: bool = True, round_port: int = 0) -> worker_pb2.WorkerInfo:
     """`runner` None: a draft without a model (the n-gram proposer), which holds no KV and takes any vocabulary.
     `with_path`: name where the model was loaded from (for a coordinator loading its tokenizer from the same
     storage) only to callers that proved who they are, or on loopback; others get its name alone."""
@@ -13,7 +13,7 @@ def worker_info(role, model_name, runner, sequences, batcher, proposer: str = ""
         return worker_pb2.WorkerInfo(role=role, model=model_name, vocab_size=0, max_model_len=max_model_len,
                                      sequences=len(sequences), queue_depth=batcher.queue_depth,
                                      sequences_prefilled=sequences.created_total, proposer=proposer,
-                                     batch_invariant=batch_invariant())
+                                     batch_invariant=batch_invariant(), round_port=round_port)
     manager = runner.block_manager
     return worker_pb2.WorkerInfo(
         role=role,
@@ -31,4 +31,5 @@ def worker_info(role, model_name, runner, sequences, batcher, proposer: str = ""
         proposer=proposer,
         batch_invariant=batch_invariant(),
         tensor_parallel_size=getattr(runner, "tensor_parallel_size", 1),  # GPUs (processes) the model is sharded over
+        round_port=round_port,
     )

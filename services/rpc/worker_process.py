@@ -8,6 +8,8 @@ import sys
 
 from specsplit.services.models.loader import load_model
 from specsplit.services.models.layout_calibration import role_rows, use_calibrated_layout
+from specsplit.services.rpc.caller_auth import SecretCheck
+from specsplit.services.rpc.round_channel import RoundChannelServer, server_ssl_context, spin_wait_default
 from specsplit.services.rpc.server import start_server
 from specsplit.services.rpc.worker_credentials import is_loopback, listen_host, worker_secret_interceptor
 from specsplit.services.runtime.batch_invariance import check_tensor_parallel_sizes
@@ -87,14 +89,17 @@ def _warm_up(worker, max_k: int) -> None:
 
 
 class RunningWorker:
-    """A worker serving gRPC, with its abandoned-sequence expiry; `stop()` ends both and frees the model."""
+    """A worker serving gRPC and its round channel, with its abandoned-sequence expiry; `stop()` ends them all and
+    frees the model."""
 
-    def __init__(self, role, service, server, address, observability, expirer):
+    def __init__(self, role, service, server, address, observability, expirer, channel):
         self.role, self.service, self.server, self.address = role, service, server, address
-        self.observability, self.expirer = observability, expirer
+        self.observability, self.expirer, self.channel = observability, expirer, channel
 
     async def stop(self) -> None:
         self.expirer.cancel()
+        if self.channel is not None:
+            await self.channel.stop()
         await self.server.stop(grace=2.0)
         self.service.batcher.stop()
         self.observability.close()
@@ -105,14 +110,25 @@ class RunningWorker:
 
 async def start_worker(role: str, model: str, host: str, port: int, lease_seconds: float = 600.0, metrics_port: int = -1,
                        security=None, secret: str | None = None, allow_unauthenticated: bool = False,
-                       metrics_host: str = "127.0.0.1", **model_options) -> RunningWorker:
+                       metrics_host: str = "127.0.0.1", round_port: int = 0,
+                       **model_options) -> RunningWorker:
+    """`round_port`: where the round channel listens (rpc/round_channel.py; Describe tells coordinators): 0 = any
+    free port, -1 = no channel (rounds over gRPC only)."""
     round_timeline.set_role(role)
     host = listen_host(host, secret, bool(security and security.client_ca_file), allow_unauthenticated)
     service, service_name = build_worker_service(role, model, **model_options)
     observability = observe_worker(role, service, metrics_host, metrics_port)  # metrics_port < 0: none
-    interceptors = [worker_secret_interceptor(secret)] if secret else []
+    check = SecretCheck([secret]) if secret else None  # one failure throttle for gRPC and the round channel
+    interceptors = [worker_secret_interceptor(check)] if check else []
     service.describe_model_path = bool(secret or (security and security.client_ca_file)) or is_loopback(host)
     server, bound, _ = await start_server(service.add_to, [service_name], host, port, interceptors, security=security)
+    channel = None
+    if round_port >= 0:
+        runner = getattr(service, "verifier", getattr(service, "proposer", None))
+        device = getattr(getattr(runner, "runner", None), "device", None)
+        channel = RoundChannelServer(service.round_frame, check, server_ssl_context(security),
+                                     spin=spin_wait_default(getattr(device, "type", "cpu") == "cuda"))
+        service.round_port = await channel.start(host, round_port)
     print(f"specsplit {role} listening on {host}:{bound}", flush=True)
     sys.stdout.flush()
 
@@ -125,7 +141,7 @@ async def start_worker(role: str, model: str, host: str, port: int, lease_second
                 log.warning("released %d abandoned sequences", len(expired[0]))
 
     return RunningWorker(role, service, server, f"{host}:{bound}", observability,
-                         asyncio.create_task(expire_abandoned()))
+                         asyncio.create_task(expire_abandoned()), channel)
 
 
 async def serve_worker(role: str, model: str, host: str, port: int, lease_seconds: float = 600.0, metrics_port: int = -1,

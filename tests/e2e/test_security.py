@@ -1,6 +1,7 @@
 """TLS and mutual TLS on the internal gRPC, TLS and bearer tokens on the public API, with real processes:
 callers without the right certificate or token are refused, and the token never shows in the logs."""
 
+import asyncio
 import datetime
 import ipaddress
 
@@ -13,6 +14,9 @@ from cryptography.x509.oid import NameOID
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specsplit.client import Client
+from specsplit.services.errors import Unavailable
+from specsplit.services.rpc.round_channel import RoundChannelClient, client_ssl_context
+from specsplit.services.rpc.security import ChannelSecurity
 from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
 from specsplit.services.service_commands import spawn_service
 
@@ -147,6 +151,26 @@ def test_workers_require_a_client_certificate_from_the_ca(secure_cluster, pki):
     good = grpc.ssl_channel_credentials(ca, open(good_key, "rb").read(), open(good_cert, "rb").read())
     assert describe(good).role == "target"
     assert len(verify_stream(good)) == 1
+    # The round channel (rpc/round_channel.py) takes the same mutual TLS on its own socket.
+    round_port = describe(good).round_port
+    host = secure_cluster["target"].rpartition(":")[0]
+
+    def verify_on_channel(cert_and_key, tls=True):
+        security = ChannelSecurity(pki["ca"] if tls else None, *(cert_and_key or (None, None)), "localhost")
+        client = RoundChannelClient(host, round_port, "tls-test", None, client_ssl_context(security), "localhost")
+
+        async def ask():
+            try:
+                return await client.request(worker_pb2.VerifyRequest(), worker_pb2.VerifyResponse)
+            finally:
+                client.close()
+
+        return asyncio.run(ask())
+
+    for refused in ((None, True), (pki["rogue"], True), (None, False)):  # no client certificate, a rogue one, plain TCP
+        with pytest.raises(Unavailable):
+            verify_on_channel(*refused)
+    assert len(verify_on_channel(pki["client"]).counts) == 0  # an empty batch, answered
     with grpc.insecure_channel(secure_cluster["target"]) as plain:
         assert _code(lambda: worker_pb2_grpc.TargetWorkerStub(plain).Describe(worker_pb2.DescribeRequest(), timeout=10)) == grpc.StatusCode.UNAVAILABLE
 

@@ -6,6 +6,7 @@ sequence handles are bound to the coordinator that created them, bad secrets are
 right one, and bytes that are no message end any method, streams included, with INVALID_ARGUMENT and one log line."""
 
 import importlib
+import asyncio
 import os
 import pkgutil
 import socket
@@ -22,7 +23,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 import specsplit.proto.v1
 from specsplit.client import Client
 from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
+from specsplit.services.draft.proposer import ProposeItem
+from specsplit.services.errors import InvalidArgument, Unavailable
 from specsplit.services.rpc import worker_messages as msg
+from specsplit.services.rpc.round_channel import RoundChannelClient
 from specsplit.services.service_commands import spawn_service
 from specsplit.services.target.verifier import VerifyItem
 
@@ -309,3 +313,54 @@ def test_serve_generates_a_secret_and_keeps_it_off_the_command_line(tiny_pair):
         watchdog.cancel()
         serve.terminate()
         serve.wait(timeout=30)
+
+
+def _round_channel(guarded, role: str, secret: str | None):
+    """A round-channel client to the guarded `role` worker (its port from Describe, which needs the secret)."""
+    address = guarded[role]
+    stub = worker_pb2_grpc.DraftWorkerStub if role == "draft" else worker_pb2_grpc.TargetWorkerStub
+    port = _describe(address, ((WORKER_SECRET_HEADER, SECRET),), stub).round_port
+    assert port > 0  # a worker serves its round channel by default
+    return RoundChannelClient(address.rpartition(":")[0], port, "channel-test", secret)
+
+
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_the_round_channel_checks_the_secret_too(guarded, role):
+    """The round's fast path (rpc/round_channel.py) is guarded like the gRPC methods: no secret or a wrong one is
+    refused before any request is read; the right one is served."""
+    request, response = ((msg.verify_request([VerifyItem("nobody", 0, [1])]), worker_pb2.VerifyResponse) if role == "target"
+                         else (msg.propose_request([ProposeItem("nobody", 0, [1], 2)]), worker_pb2.ProposeResponse))
+
+    async def ask(secret):
+        client = _round_channel(guarded, role, secret)
+        try:
+            return await client.request(request, response)
+        finally:
+            client.close()
+
+    for wrong in (None, SECRET.upper(), SECRET[:-1]):
+        with pytest.raises(Unavailable, match="refused the round channel"):
+            asyncio.run(ask(wrong))
+    served = asyncio.run(ask(SECRET))
+    assert item_codes(served) == [grpc.StatusCode.NOT_FOUND.value[0]]  # served: the handle is simply unknown
+
+
+def test_bytes_that_are_no_message_end_the_round_channel_alone(guarded):
+    async def main():
+        client = _round_channel(guarded, "target", SECRET)
+        try:
+            with pytest.raises(InvalidArgument, match="not a valid VerifyRequest"):
+                await client.request(_Garbage(), worker_pb2.VerifyResponse)
+            # A new connection is served as before: the worker went on.
+            return await client.request(msg.verify_request([VerifyItem("nobody", 0, [1])]), worker_pb2.VerifyResponse)
+        finally:
+            client.close()
+
+    assert item_codes(asyncio.run(main())) == [grpc.StatusCode.NOT_FOUND.value[0]]
+    with Client(guarded["coordinator"], timeout=60) as client:
+        assert len(client.generate([1, 2, 3], max_tokens=4, ignore_eos=True).token_ids) == 4
+
+
+class _Garbage:
+    def SerializeToString(self):
+        return GARBAGE
