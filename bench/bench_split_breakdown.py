@@ -12,11 +12,12 @@ back, answer, coordinator receive and unpack, commit, and the time between round
 
 CPU: tiny random-weight models (tests/tiny_models.py) with a close draft (real acceptance, greedy), every process on
 one torch thread. GPU: random-weight Qwen2.5 shapes (bf16), target on --devices[0], draft on --devices[1]; k > 0 rows
-there use the SYNTHETIC ACCEPTANCE benchmark mode (--alpha, NOT lossless: a coin of bias alpha per proposal; emitted
+there use the SYNTHETIC ACCEPTANCE benchmark mode (--alphas, NOT lossless: a coin of bias alpha per proposal; emitted
 tokens are real target samples).
 
     python bench/bench_split_breakdown.py                          # CPU, tiny models
-    python3 bench/bench_split_breakdown.py --device cuda --target 7b --draft 0.5b --alpha 0.7
+    python3 bench/bench_split_breakdown.py --device cuda --target 7b --draft 0.5b --alphas 0.7,0.9 \
+        --modes in_process,colocated,split,split_stream,split_pipelined,split_auto
 """
 
 import argparse
@@ -100,21 +101,25 @@ def prompts(batch: int, device: str) -> list:
 
 # ---- one process ----------------------------------------------------------------------------------------------
 
-def in_process_rows(args, target, draft, batches, ks) -> dict:
+def in_process_rows(args, target, draft, batches, ks, alphas) -> dict:
+    """(alpha, batch, k) -> the median run in one process (k = 0 rows once, under the first alpha)."""
     from specsplit.services.coordinator.coordinator import CoordinatorConfig
     from specsplit.services.local_engine import LocalEngine
 
     engine = LocalEngine(target, draft, num_speculative_tokens=max(ks), dtype=args.dtype, device=args.devices[0],
-                         num_kv_blocks=args.kv_blocks, prefix_caching=False, synthetic_acceptance=args.alpha,
+                         num_kv_blocks=args.kv_blocks, prefix_caching=False, synthetic_acceptance=alphas[0],
                          coordinator_config=CoordinatorConfig(max_num_seqs=256, speculation="fixed", overlap="off"))
     out = {}
     for batch in batches:
         for k in ks:
             _run_local(engine, args, batch, k, warm_up=True)
-    for batch in batches:
-        for k in ks:
-            runs = [_run_local(engine, args, batch, k) for _ in range(args.repeats)]
-            out[(batch, k)] = _median_run(runs)
+    for alpha in alphas:
+        engine.verifier.synthetic_acceptance = alpha  # the benchmark-only switch (labelled in the results)
+        for batch in batches:
+            for k in ks:
+                if k == 0 and alpha != alphas[0]:
+                    continue
+                out[(alpha, batch, k)] = _median_run([_run_local(engine, args, batch, k) for _ in range(args.repeats)])
     return out
 
 
@@ -132,12 +137,29 @@ def _run_local(engine, args, batch: int, k: int, warm_up: bool = False) -> dict:
         return results, elapsed
 
     results, elapsed = asyncio.run(main())
-    return _summary(elapsed, [(len(r.token_ids), r.stats.rounds, r.time_to_first_token, r.total_time) for r in results])
+    return _summary(elapsed, [(len(r.token_ids), r.stats.rounds, r.time_to_first_token, r.total_time) for r in results],
+                    [r.stats.pre_proposed_rounds for r in results])
 
 
 # ---- services -------------------------------------------------------------------------------------------------
 
-def services_rows(args, mode: str, target_dir, draft_dir, batches, ks, timeline_prefix: str) -> tuple[dict, dict]:
+# How each services mode's coordinator runs: in the target's process ("colocated*": one hop per round) or as its own
+# process over the same target and draft ("split*"), with its overlap setting and worker transport.
+SERVICE_MODES = {
+    "colocated": ("colocated", ["--overlap", "off"]),
+    "colocated_pipelined": ("colocated", ["--overlap", "on"]),
+    "colocated_auto": ("colocated", ["--overlap", "auto"]),
+    "split": ("split", ["--overlap", "off"]),
+    "split_stream": ("split", ["--overlap", "off", "--worker-transport", "stream"]),
+    "split_pipelined": ("split", ["--overlap", "on"]),
+    "split_auto": ("split", ["--overlap", "auto"]),
+}
+
+
+def services_rows(args, modes: list[str], target_dir, draft_dir, batches, ks, alphas, timeline_prefix: str):
+    """One draft for the whole run; per alpha one target (its synthetic acceptance is a process setting), serving
+    the co-located mode's coordinator (at most one per run) and the split modes' coordinator processes.
+    -> ({(mode, alpha, batch, k): median run}, {same key: (start ns, end ns) of that run})."""
     from specsplit.client import Client
     from specsplit.services.service_commands import address_after, spawn_service
 
@@ -149,60 +171,67 @@ def services_rows(args, mode: str, target_dir, draft_dir, batches, ks, timeline_
     common = ["--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1", "--dtype", args.dtype,
               "--no-prefix-caching"]
     kv = ["--num-kv-blocks", str(args.kv_blocks)] if args.kv_blocks else []
-    synthetic = ["--synthetic-acceptance", str(args.alpha)] if args.alpha is not None else []
-    procs, out, marks = [], {}, {}
+    coordinating = ["-k", str(max(ks)), "--speculation", "fixed", "--http-port", "-1"]
+    colocated = [m for m in modes if SERVICE_MODES[m][0] == "colocated"]
+    if len(colocated) > 1:
+        raise SystemExit(f"one co-located mode per run (its coordinator lives in the target): {colocated}")
+    out, windows, procs = {}, {}, []
     try:
-        coordinating = ["-k", str(max(ks)), "--speculation", "fixed", "--overlap", "off", "--http-port", "-1"]
         draft, d_addr = spawn_service(["draft", "--model", str(draft_dir), "--device", args.devices[1], *common, *kv,
                                        *threads, "--warm-up-k", str(max(ks) + 1)], env=env)
         procs.append(draft)
-        target_argv = ["target", "--model", str(target_dir), "--device", args.devices[0], *common, *kv, *synthetic,
-                       *threads, "--warm-up-k", str(max(ks))]
-        if mode == "colocated":  # the coordinator in the target's process: one hop per round
-            target, _ = spawn_service([*target_argv, "--coordinate", "--draft", d_addr, "--coordinator-port", "0",
-                                       "--coordinator-metrics-port", "-1", *coordinating], env=env)
-            procs.append(target)
-            c_addr = address_after(target, "coordinator")
-        else:
+        for alpha in alphas:
+            synthetic = ["--synthetic-acceptance", str(alpha)] if alpha is not None else []
+            target_argv = ["target", "--model", str(target_dir), "--device", args.devices[0], *common, *kv,
+                           *synthetic, *threads, "--warm-up-k", str(max(ks))]
+            addresses, started = {}, []
+            if colocated:
+                target_argv += ["--coordinate", "--draft", d_addr, "--coordinator-port", "0",
+                                "--coordinator-metrics-port", "-1", *coordinating, *SERVICE_MODES[colocated[0]][1]]
             target, t_addr = spawn_service(target_argv, env=env)
-            procs.append(target)
-            coordinator, c_addr = spawn_service(["coordinator", "--target", t_addr, "--draft", d_addr, "--host",
-                                                 "127.0.0.1", "--port", "0", "--metrics-port", "-1", *coordinating],
-                                                env=env)
-            procs.append(coordinator)
-        with Client(c_addr, timeout=1200) as client:
-            for batch in batches:
-                for k in ks:
-                    _run_client(client, args, batch, k, warm_up=True)
-            for batch in batches:
-                for k in ks:
-                    runs = []
-                    for _ in range(args.repeats):
-                        runs.append(_run_client(client, args, batch, k))
-                        runs[-1]["window"] = (runs[-1].pop("started_ns"), runs[-1].pop("ended_ns"))
-                    median = _median_run(runs)
-                    marks[(batch, k)] = median.pop("window")
-                    for run in runs:
-                        run.pop("window", None)
-                    out[(batch, k)] = median
+            started.append(target)
+            if colocated:
+                addresses[colocated[0]] = address_after(target, "coordinator")
+            for mode in modes:
+                if SERVICE_MODES[mode][0] == "split":
+                    coordinator, addresses[mode] = spawn_service(
+                        ["coordinator", "--target", t_addr, "--draft", d_addr, "--host", "127.0.0.1", "--port", "0",
+                         "--metrics-port", "-1", *coordinating, *SERVICE_MODES[mode][1]], env=env)
+                    started.append(coordinator)
+            try:
+                for mode in modes:
+                    with Client(addresses[mode], timeout=1200) as client:
+                        for batch in batches:  # warm-up: graphs of every shape, the auto policy's measurements
+                            for k in ks:
+                                _run_client(client, args, batch, k, warm_up=True)
+                        for batch in batches:
+                            for k in ks:
+                                if k == 0 and alpha != alphas[0]:
+                                    continue
+                                runs = [_run_client(client, args, batch, k) for _ in range(args.repeats)]
+                                median = _median_run(runs)
+                                windows[(mode, alpha, batch, k)] = median.pop("window")
+                                out[(mode, alpha, batch, k)] = median
+            finally:
+                _stop(started)
     finally:
         _stop(procs)
-    return out, marks
+    return out, windows
 
 
 def _run_client(client, args, batch: int, k: int, warm_up: bool = False) -> dict:
     def one(i_prompt):
         i, prompt = i_prompt
         start = time.perf_counter()
-        first, tokens, rounds = None, 0, 0
+        first, tokens, rounds, pre = None, 0, 0, 0
         for chunk in client.generate_stream(prompt, max_tokens=args.max_tokens if not warm_up else 8,
                                             ignore_eos=True, num_speculative_tokens=k, temperature=0.0, seed=i):
             tokens += len(chunk.token_ids)
             if first is None and chunk.token_ids:
                 first = time.perf_counter() - start
             if chunk.finish_reason:
-                rounds = chunk.speculation.rounds
-        return tokens, rounds, first, time.perf_counter() - start
+                rounds, pre = chunk.speculation.rounds, chunk.speculation.pre_proposed_rounds
+        return (tokens, rounds, first, time.perf_counter() - start), pre
 
     with ThreadPoolExecutor(batch) as pool:
         started_ns = time.monotonic_ns()
@@ -210,7 +239,7 @@ def _run_client(client, args, batch: int, k: int, warm_up: bool = False) -> dict
         results = list(pool.map(one, enumerate(prompts(batch, args.device))))
         elapsed = time.perf_counter() - start
         ended_ns = time.monotonic_ns()
-    return {**_summary(elapsed, results), "started_ns": started_ns, "ended_ns": ended_ns}
+    return {**_summary(elapsed, [r for r, _ in results], [p for _, p in results]), "window": (started_ns, ended_ns)}
 
 
 def _stop(procs) -> None:
@@ -223,7 +252,7 @@ def _stop(procs) -> None:
             p.kill()
 
 
-def _summary(elapsed: float, results: list[tuple]) -> dict:
+def _summary(elapsed: float, results: list[tuple], pre_proposed: list[int]) -> dict:
     """results: (tokens, rounds, ttft s, total s) per request."""
     tokens = sum(r[0] for r in results)
     rounds = max(r[1] for r in results)
@@ -231,7 +260,7 @@ def _summary(elapsed: float, results: list[tuple]) -> dict:
     return {"tokens_per_s": tokens / elapsed, "seconds": elapsed, "rounds": rounds,
             "ms_per_round": 1e3 * elapsed / max(rounds, 1), "tokens_per_round": tokens / max(rounds, 1) / len(results),
             "ttft_ms": 1e3 * statistics.median(r[2] for r in results if r[2] is not None),
-            "tpot_ms": 1e3 * statistics.median(tpot) if tpot else None}
+            "tpot_ms": 1e3 * statistics.median(tpot) if tpot else None, "pre_proposed_rounds": sum(pre_proposed)}
 
 
 def _median_run(runs: list[dict]) -> dict:
@@ -296,10 +325,12 @@ def main() -> None:
     parser.add_argument("--devices", default=None, help="target's device, draft's device (GPU: cuda:0,cuda:1)")
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--ks", default="0,4")
-    parser.add_argument("--alpha", type=float, default=None, help="GPU: synthetic acceptance (NOT lossless)")
+    parser.add_argument("--alphas", default="", help="synthetic acceptance per run (NOT lossless; GPU: random "
+                        "weights never agree); empty: real acceptance (the CPU's close tiny draft)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--modes", default="in_process,split,colocated")
+    parser.add_argument("--modes", default="in_process,split,colocated",
+                        help=f"in_process and any of {', '.join(SERVICE_MODES)} (one co-located mode at most)")
     parser.add_argument("--kv-blocks", type=int, default=None)
     parser.add_argument("--label", default="", help="names this code's rows (e.g. before / after)")
     parser.add_argument("--name", default="split_breakdown_cpu")
@@ -313,43 +344,50 @@ def main() -> None:
         os.environ.setdefault("SPECSPLIT_BENCH_DEVICE", "cuda")
     batches = [int(b) for b in args.batches.split(",")]
     ks = [int(k) for k in args.ks.split(",")]
+    alphas = [float(a) for a in args.alphas.split(",")] if args.alphas else [None]
     modes = args.modes.split(",")
+    unknown = [m for m in modes if m != "in_process" and m not in SERVICE_MODES]
+    if unknown:
+        raise SystemExit(f"unknown modes {unknown}; choose from in_process, {', '.join(SERVICE_MODES)}")
     root = Path(tempfile.mkdtemp())
     target_dir, draft_dir, target, draft = build_models(args, root)
-    rows = []
-    local = in_process_rows(args, target, draft, batches, ks) if "in_process" in modes else {}
+    local = in_process_rows(args, target, draft, batches, ks, alphas) if "in_process" in modes else {}
     del target, draft
     gc.collect()
     if args.device != "cpu":
         torch.cuda.empty_cache()  # the one-process engine's models and KV go before the services start
-    for (batch, k), run in local.items():
-        rows.append({"label": args.label, "mode": "in_process", "batch": batch, "k": k, **run})
-    for mode in [m for m in modes if m != "in_process"]:
-        prefix = str(root / f"timeline_{mode}")
-        measured, windows = services_rows(args, mode, target_dir, draft_dir, batches, ks, prefix)
+    rows = [{"label": args.label, "mode": "in_process", "alpha": alpha, "batch": batch, "k": k, **run}
+            for (alpha, batch, k), run in local.items()]
+    services = [m for m in modes if m != "in_process"]
+    if services:
+        prefix = str(root / "timeline")
+        measured, windows = services_rows(args, services, target_dir, draft_dir, batches, ks, alphas, prefix)
         timeline = read_timeline(prefix)
-        for (batch, k), run in measured.items():
-            row = {"label": args.label, "mode": mode, "batch": batch, "k": k, **run}
-            if (batch, k) in local:
-                reference = local[(batch, k)]
+        for (mode, alpha, batch, k), run in measured.items():
+            row = {"label": args.label, "mode": mode, "alpha": alpha, "batch": batch, "k": k, **run}
+            reference = local.get((alpha, batch, k))
+            if reference is not None:
                 row["vs_in_process"] = run["tokens_per_s"] / reference["tokens_per_s"]
                 row["extra_ms_per_round"] = run["ms_per_round"] - reference["ms_per_round"]
                 row["ttft_vs_in_process"] = run["ttft_ms"] / reference["ttft_ms"]
                 if run["tpot_ms"] and reference["tpot_ms"]:
                     row["tpot_vs_in_process"] = run["tpot_ms"] / reference["tpot_ms"]
-            row["breakdown_ms"] = breakdown(timeline, windows[(batch, k)])
+            serial = measured.get((mode.replace("_pipelined", "").replace("_auto", ""), alpha, batch, k))
+            if serial is not None and serial is not run:
+                row["vs_serial"] = run["tokens_per_s"] / serial["tokens_per_s"]
+            row["breakdown_ms"] = breakdown(timeline, windows[(mode, alpha, batch, k)])
             rows.append(row)
-    print_table(rows, ["label", "mode", "batch", "k", "tokens_per_s", "ms_per_round", "tokens_per_round",
-                       "extra_ms_per_round", "vs_in_process", "ttft_ms", "tpot_ms"])
+    print_table(rows, ["label", "mode", "alpha", "batch", "k", "tokens_per_s", "ms_per_round", "tokens_per_round",
+                       "extra_ms_per_round", "vs_in_process", "vs_serial", "pre_proposed_rounds", "ttft_ms", "tpot_ms"])
     for row in rows:
         if "breakdown_ms" in row:
-            print(row["label"], row["mode"], row["batch"], row["k"], json.dumps(row["breakdown_ms"]))
+            print(row["label"], row["mode"], row["alpha"], row["batch"], row["k"], json.dumps(row["breakdown_ms"]))
     path = write_results(args.name, rows, {
         "models": (f"tiny random-weight qwen2 pair (close draft), float32, CPU, one torch thread per process"
                    if args.device == "cpu" else f"random-weight Qwen2.5 {args.target} target on {args.devices[0]}, "
                    f"{args.draft} draft on {args.devices[1]} (one process: both on {args.devices[0]}), bf16"),
-        "acceptance": "synthetic (NOT lossless)" if args.alpha is not None else "real (greedy)",
-        "alpha": args.alpha, "max_tokens": args.max_tokens, "repeats": args.repeats,
+        "acceptance": "synthetic (NOT lossless) where alpha is set" if args.alphas else "real (greedy)",
+        "max_tokens": args.max_tokens, "repeats": args.repeats,
         "load_average": open("/proc/loadavg").read().split()[:3],
     })
     print(f"wrote {path}")

@@ -461,8 +461,10 @@ class Coordinator:
             results = await _all(calls)
             return results, time.perf_counter() - started
 
-        (verify_results, verify_seconds), (ahead_results, ahead_seconds) = await asyncio.gather(
-            timed(verify_calls), timed(ahead_calls))
+        # The proposals ahead start first: a verification in this process (the co-located target) runs on this
+        # thread and holds it until done, so the draft's request must be on its way before it starts.
+        (ahead_results, ahead_seconds), (verify_results, verify_seconds) = await asyncio.gather(
+            timed(ahead_calls), timed(verify_calls))
         return verify_results, ahead_results, verify_seconds, ahead_seconds
 
     # ---- faults: lost replicas, lost worker state, KV pressure --------------------------------------------------
