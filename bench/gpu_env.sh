@@ -6,6 +6,6 @@
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 site=$(mktemp -d)
 mkdir -p "$site/specsplit"
-cp "$root"/specsplit/*.py "$site/specsplit/"
+cp -r "$root"/specsplit/. "$site/specsplit/"
 for part in proto services kernels operator; do ln -s "$root/$part" "$site/specsplit/$part"; done
 export PYTHONPATH="$site:$root/tests${PYTHONPATH:+:$PYTHONPATH}"
