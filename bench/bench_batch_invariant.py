@@ -227,6 +227,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per configuration; the median is kept")
     parser.add_argument("--skip-matmuls", action="store_true")
+    parser.add_argument("--skip-correctness", action="store_true", help="speed only (correctness measured already)")
     parser.add_argument("--sweep", action="store_true", help="also time other GEMM tile shapes and splits (slow)")
     args = parser.parse_args()
     bench_gpu_e2e.REPEATS = args.repeats
@@ -244,9 +245,10 @@ def main() -> None:
     _empty_cache()
     log(f"models built in {time.perf_counter() - started:.0f}s")
 
-    RESULTS["correctness"] = correctness(target, draft, [int(b) for b in args.check_batches.split(",")],
-                                         args.check_tokens)
-    save()
+    if not args.skip_correctness:
+        RESULTS["correctness"] = correctness(target, draft, [int(b) for b in args.check_batches.split(",")],
+                                             args.check_tokens)
+        save()
     if DEVICE != "cpu" and not args.skip_matmuls:
         RESULTS["rows"] += matmuls(target, draft, args.sweep)
         save()
@@ -254,7 +256,7 @@ def main() -> None:
     RESULTS["seconds"] = time.perf_counter() - started
     save()
 
-    print(f"\ncorrectness: {RESULTS['correctness']}")
+    print(f"\ncorrectness: {RESULTS.get('correctness', 'not run (--skip-correctness)')}")
     print_table([r for r in RESULTS["rows"] if r["section"] == "correctness"],
                 ["mode", "batch", "run", "equal_to_target_alone", "sequences", "accepted_per_drafted"])
     if any(r["section"] == "matmul" for r in RESULTS["rows"]):

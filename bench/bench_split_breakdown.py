@@ -23,6 +23,7 @@ tokens are real target samples).
 import argparse
 import asyncio
 import gc
+import gzip
 import glob
 import json
 import os
@@ -308,10 +309,12 @@ def breakdown(timeline: dict, window: tuple[int, int]) -> dict:
             if a in marks and b in marks and marks[b] >= marks[a]:
                 samples[name].append((marks[b] - marks[a]) / 1e6)
     row = {name: round(statistics.median(v), 4) for name, v in samples.items() if v}
+    row.update({f"{name}_mean": round(statistics.fmean(v), 4) for name, v in samples.items() if v})
     row["rounds_timed"] = max(0, len(starts) - 1)
     model = row.get("draft_model", 0.0) + row.get("target_model", 0.0)
     row["model_ms"] = round(model, 4)
     row["stages_sum_ms"] = round(sum(v for k, v in row.items() if k in samples), 4)
+    row["stages_sum_mean_ms"] = round(sum(v for k, v in row.items() if k[:-5] in samples and k.endswith("_mean")), 4)
     return row
 
 
@@ -363,6 +366,9 @@ def main() -> None:
         prefix = str(root / "timeline")
         measured, windows = services_rows(args, services, target_dir, draft_dir, batches, ks, alphas, prefix)
         timeline = read_timeline(prefix)
+        if os.environ.get("OUT"):  # the raw marks, for other readings of the same run
+            with gzip.open(Path(os.environ["OUT"]) / f"{args.name}_timeline.json.gz", "wt") as out:
+                json.dump({"marks": timeline, "windows": {" ".join(map(str, k)): v for k, v in windows.items()}}, out)
         for (mode, alpha, batch, k), run in measured.items():
             row = {"label": args.label, "mode": mode, "alpha": alpha, "batch": batch, "k": k, **run}
             reference = local.get((alpha, batch, k))
@@ -372,13 +378,17 @@ def main() -> None:
                 row["ttft_vs_in_process"] = run["ttft_ms"] / reference["ttft_ms"]
                 if run["tpot_ms"] and reference["tpot_ms"]:
                     row["tpot_vs_in_process"] = run["tpot_ms"] / reference["tpot_ms"]
+                    # The decode phase alone (staggered arrivals make the services' first tokens later): the extra
+                    # time per round from the time per output token.
+                    row["decode_extra_ms_per_round"] = (run["tpot_ms"] - reference["tpot_ms"]) * run["tokens_per_round"]
             serial = measured.get((mode.replace("_pipelined", "").replace("_auto", ""), alpha, batch, k))
             if serial is not None and serial is not run:
                 row["vs_serial"] = run["tokens_per_s"] / serial["tokens_per_s"]
             row["breakdown_ms"] = breakdown(timeline, windows[(mode, alpha, batch, k)])
             rows.append(row)
     print_table(rows, ["label", "mode", "alpha", "batch", "k", "tokens_per_s", "ms_per_round", "tokens_per_round",
-                       "extra_ms_per_round", "vs_in_process", "vs_serial", "pre_proposed_rounds", "ttft_ms", "tpot_ms"])
+                       "extra_ms_per_round", "decode_extra_ms_per_round", "vs_in_process", "vs_serial",
+                       "pre_proposed_rounds", "ttft_ms", "tpot_ms"])
     for row in rows:
         if "breakdown_ms" in row:
             print(row["label"], row["mode"], row["alpha"], row["batch"], row["k"], json.dumps(row["breakdown_ms"]))

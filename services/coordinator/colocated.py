@@ -8,11 +8,16 @@ coordinator can fail over to other target replicas (`--target`): the local repli
 and a sequence whose replica is lost is re-prefilled on another, as in the separate deployment.
 """
 
+import sys
+
 from specsplit.services.coordinator.process import start_coordinator
 from specsplit.services.rpc.worker_credentials import COORDINATOR_ID, bind_handles, owned_handles
 from specsplit.services.rpc.worker_info import worker_info
 from specsplit.services.rpc.worker_process import start_worker, until_stopped
 from specsplit.services.telemetry import round_timeline
+
+
+INLINE_BATCH = 1  # the largest verification run on the coordinator's own thread
 
 
 class ColocatedTargetClient:
@@ -35,8 +40,11 @@ class ColocatedTargetClient:
 
     async def verify(self, items):
         round_timeline.mark("verify.built")
+        # One sequence: the step runs on this thread (a hand-off to the compute thread and back costs more than the
+        # one client-stream write it would let run meanwhile). Several: on the compute thread, while this thread
+        # writes the last round's tokens to their clients instead of doing it in front of the next round.
         verdicts = await self.service.batcher.submit("verify", bind_handles(list(items), COORDINATOR_ID),
-                                                     caller=COORDINATOR_ID)
+                                                     caller=COORDINATOR_ID, inline=len(items) <= INLINE_BATCH)
         round_timeline.mark("verify.unpacked")
         return verdicts
 
@@ -48,6 +56,9 @@ async def serve_colocated(model: str, host: str, port: int, coordinator_port: in
                           draft_variants: list, coordinator_options: dict, **worker_options) -> None:
     """A target worker on `port` and, in the same process, a coordinator on `coordinator_port` whose preferred
     target replica is that worker."""
+    # Two threads share the GIL here (the loop, the target's compute thread): a short switch interval lets the one
+    # back from a device wait take the GIL within half a millisecond instead of up to five.
+    sys.setswitchinterval(0.0005)
     worker = await start_worker("target", model, host, port, **worker_options)
     local = ColocatedTargetClient(worker.service, f"local:{worker.address}")
     coordinator = await start_coordinator(peer_targets, draft_variants, host, coordinator_port, local_target=local,

@@ -76,6 +76,7 @@ class Coordinator:
         self._releases: dict = {}  # worker client -> handles to release after this iteration
         self.health = ReplicaHealth(self.config.call_deadlines, self.config.probe_interval_seconds)
         self._round_alone = True
+        self._waited = False  # whether this iteration of the loop has waited on another process (others ran meanwhile)
 
     # ---- public API -------------------------------------------------------------------------------------------
 
@@ -216,10 +217,11 @@ class Coordinator:
             await self._release_finished()
             if not decoding:
                 await asyncio.sleep(0.005)  # waiting for KV room or for a replica to come back: do not spin
-            else:
-                # One turn of the loop per round: a round whose calls all ran in this process (the co-located
-                # target, no draft call) never waited, and the client streams, probes and APIs must get their turn.
+            elif not self._waited:
+                # A round whose calls all ran in this process (the co-located target, no draft call) never let the
+                # loop turn: the client streams, probes and APIs get their turn here.
                 await asyncio.sleep(0)
+            self._waited = False
 
     def _admit(self) -> None:
         room = self.config.max_num_seqs - len(self.running)
@@ -666,6 +668,7 @@ class Coordinator:
 
     async def _call(self, client, method: str, items: list, sequences: list[SequenceState]):
         """One batched worker call; a failure of the whole call becomes that error for each of its sequences."""
+        self._waited |= hasattr(client, "describe")  # a call to another process: the loop turns while it waits
         try:
             with self.telemetry.worker_call(client, method, items, sequences) as call:
                 results = call.results = await self.health.call(client, method, items)

@@ -46,10 +46,11 @@ class StepBatcher:
         with self._cond:
             return sum(len(items) for _, items, _, _ in self._pending)
 
-    async def submit(self, kind: str, items: list, caller: str | None = None) -> list:
+    async def submit(self, kind: str, items: list, caller: str | None = None, inline: bool = True) -> list:
         """The step's results for `items` (a list, one per item, or one value for the call). `caller` names who
-        asks (a coordinator's id): a lone caller's round calls may run inline."""
-        if self._try_inline(kind, caller):
+        asks (a coordinator's id): a lone caller's round calls may run inline, unless `inline` is False (the caller
+        has other work for this thread meanwhile)."""
+        if inline and self._try_inline(kind, caller):
             try:
                 return self._run(kind, items)
             finally:

@@ -55,9 +55,13 @@ class GraphCache:
         self.copies_inside = True
 
     def clear(self) -> None:
+        """Drop every graph. Later captures go to a new memory pool: capturing into the old one while the dropped
+        graphs' memory is still being released trips the caching allocator's assertion."""
         if self.steps:  # a replay may still run (a tensor-parallel follower does not wait for its replays)
             torch.cuda.synchronize(self.device)
         self.steps.clear()
+        gc.collect()
+        self.pool = torch.cuda.graph_pool_handle()
 
     def run(self, key: tuple, program, host_inputs: np.ndarray, wait: bool = True) -> np.ndarray | None:
         """Replay the graph of `key` (capturing it on first use) on `host_inputs`; returns the result on the host
