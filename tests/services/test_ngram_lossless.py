@@ -56,7 +56,7 @@ def test_sampled_output_distributed_as_the_target(tmp_path):
     # lookup proposes in most rounds what the target often samples, exercising acceptance and the residual both.
     prompt = [3, 1, 4, 1, 5, 2, 11, 13, 7, 12, 13, 9, 14, 5, 12, 13, 5, 12, 13, 7, 6, 12, 13, 9, 4, 6, 7, 6, 4, 14,
               4, 6, 2, 10, 15, 5, 12]
-    setting = dict(temperature=1.0)
+    setting = dict(temperature=0.9, top_k=10, top_p=0.95)  # every stage of the filter, against a reference
     n, steps = 2000, 4
     config = CoordinatorConfig(max_num_seqs=500, max_waiting=n)
     engine = LocalEngine(target_dir, None, num_speculative_tokens=3, dtype="float64", coordinator_config=config,
