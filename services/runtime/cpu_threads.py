@@ -27,10 +27,9 @@ def threads_for(role: str, requested: int = 0) -> int:
 
 
 def apply_threads(role: str, requested: int = 0) -> int:
-    """Set this process's intra-op threads for `role` (requested > 0 overrides); returns the count set."""
-    threads = threads_for(role, requested)
-    torch.set_num_threads(threads)
-    return threads
+    """Set this process's intra-op threads for `role` (requested > 0 overrides); returns the count torch now uses."""
+    torch.set_num_threads(threads_for(role, requested))
+    return torch.get_num_threads()
 
 
 def add_threads_arg(p, role: str) -> None:

@@ -1,5 +1,14 @@
 """Turn logits into the distribution a request samples from: temperature, then top-k, then top-p.
 
+The filters keep ties, so what survives depends only on the values, never on how a sort orders equal ones (bf16
+logits tie often):
+- top-k keeps every token whose scaled logit is >= the k-th largest (as transformers' TopKLogitsWarper and vLLM);
+- top-p, applied to what top-k kept, takes the tokens from the most likely down while the mass of those before a
+  token is below top_p (transformers' TopPLogitsWarper: the smallest prefix whose mass reaches top_p), then keeps
+  every token tied with the least likely of them. transformers keeps only the tied tokens its sort happens to put
+  first; without ties at the cut the two agree. top_p >= 1 keeps everything.
+Both become one threshold per row, so the filter is fixed-shape tensor work (no read-back, CUDA-graph safe).
+
 Greedy rows (temperature 0) become one-hot at the argmax, which makes greedy decoding a special case of the same
 rejection sampler (see kernels/rejection_sampling.py).
 
@@ -12,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specsplit.kernels.dispatch import batch_invariant, cumsum_rows, sort_rows_descending
+from specsplit.kernels.dispatch import cumsum_rows, sort_rows_descending
 
 
 @dataclass(frozen=True)
@@ -38,7 +47,8 @@ def processed_probs(
         )
     needs_top_k, needs_top_p = flags.top_k, flags.top_p
     if needs_top_k or needs_top_p:
-        scaled = _mask_top_k_top_p(scaled, top_k, top_p, needs_top_k, needs_top_p)
+        scaled = scaled.masked_fill(scaled < _kept_threshold(scaled, top_k, top_p, needs_top_k, needs_top_p),
+                                    float("-inf"))
     probs = torch.softmax(scaled, dim=-1)
     if flags.greedy:
         one_hot = torch.zeros_like(probs)
@@ -47,23 +57,20 @@ def processed_probs(
     return probs
 
 
-def _mask_top_k_top_p(scaled, top_k, top_p, needs_top_k, needs_top_p):
-    sorted_logits, sorted_index = sort_rows_descending(scaled)
+def _kept_threshold(scaled, top_k, top_p, needs_top_k, needs_top_p) -> torch.Tensor:
+    """The smallest scaled logit each row keeps: [N, 1]. Tokens at or above it survive both filters."""
+    sorted_logits = sort_rows_descending(scaled)[0]
     vocab = scaled.shape[-1]
-    ranks = torch.arange(vocab, device=scaled.device)[None, :]
-    remove = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    threshold = torch.full_like(sorted_logits[:, :1], float("-inf"))
     if needs_top_k:
         k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)
-        remove |= ranks >= k[:, None]
+        threshold = sorted_logits.gather(1, (k - 1)[:, None])
+        sorted_logits = sorted_logits.masked_fill(sorted_logits < threshold, float("-inf"))
     if needs_top_p:
-        sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
-        cumulative = cumsum_rows(sorted_logits.softmax(dim=-1))
-        # Keep the smallest prefix whose mass reaches top_p: drop a token when the mass before it already does.
-        mass_before = cumulative - sorted_logits.softmax(dim=-1)
-        if batch_invariant():  # a row without top-p keeps every token, as when no row of its batch uses top-p
-            remove |= (mass_before >= top_p[:, None]) & (top_p < 1.0)[:, None]
-        else:
-            remove |= mass_before >= top_p[:, None]
-        remove[:, 0] = False
-    mask = torch.zeros_like(remove).scatter(1, sorted_index, remove)
-    return scaled.masked_fill(mask, float("-inf"))
+        probs = sorted_logits.softmax(dim=-1)
+        mass_before = cumsum_rows(probs) - probs
+        kept = (mass_before < top_p[:, None]) | (top_p >= 1.0)[:, None]
+        kept[:, 0] = True
+        # Sorted descending, the last kept position holds the row's smallest kept logit.
+        threshold = torch.maximum(threshold, sorted_logits.masked_fill(~kept, float("inf")).amin(dim=-1, keepdim=True))
+    return threshold

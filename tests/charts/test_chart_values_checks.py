@@ -3,7 +3,7 @@ what is wrong: values.schema.json for what a schema can say, template checks (`f
 
 import helm_python
 import pytest
-from chart_render import render
+from chart_render import RELEASE, of_kind, pod_templates, render, speculative_deployment
 from chart_values import GPU
 
 SCHEMA_REJECTIONS = {
@@ -105,15 +105,77 @@ def test_templates_reject_inconsistent_values_with_a_clear_message(case):
     assert message in str(raised.value)
 
 
-def test_the_same_values_pass_when_consistent():
-    """Each refusal above is about the one value it names: fixed, the chart renders."""
-    render({"target": {"replicas": {"min": 2, "max": 5}}})
-    render({"target": {"tensorParallelSize": 4, "resources": {"requests": {GPU: 4}, "limits": {GPU: 4}}}})
-    render({"canary": {"enabled": True, "model": "qwen2.5-coder-1.5b-instruct", "weight": 50}})
-    render({"image": {"tag": "v0.1.0"}})
-    render({"operator": {"serviceAccount": {"create": False, "name": "existing"}}})
-    render({"tls": {"enabled": True, "secretName": "grpc-tls"}})
-    render({"coordinator": {"tls": {"enabled": True, "secretName": "public-tls"},
-                            "auth": {"enabled": True, "tokenSecretName": "api-tokens"}}})
-    render({"target": {"extraEnv": [{"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]}})
+def _pod(manifests, deployment: str) -> dict:
+    return pod_templates(manifests)[f"{RELEASE}-specsplit-{deployment}"]["spec"]
 
+
+def _flag(manifests, deployment: str, flag: str) -> str | None:
+    command = _pod(manifests, deployment)["containers"][0]["command"]
+    return command[command.index(flag) + 1] if flag in command else None
+
+
+def _secrets(manifests, deployment: str) -> set[str]:
+    return {v["secret"]["secretName"] for v in _pod(manifests, deployment).get("volumes", []) if "secret" in v}
+
+
+def _target_sharded_over_four_gpus(m) -> bool:
+    limits = _pod(m, "target")["containers"][0]["resources"]["limits"]
+    return limits[GPU] == "4" and _flag(m, "target", "--tensor-parallel-size") == "4"
+
+
+def _canary_at_weight_50(m) -> bool:
+    canary = speculative_deployment(m)["spec"].get("canary", {})
+    return canary.get("weight") == 50 and f"{RELEASE}-specsplit-draft-canary" in pod_templates(m)
+
+
+def _every_pod_runs_the_release_tag(m) -> bool:
+    images = {c["image"] for pod in pod_templates(m).values() for c in pod["spec"]["containers"]}
+    return images == {"ghcr.io/specsplit/specsplit:v0.1.0"}
+
+
+def _operator_runs_as_the_existing_account(m) -> bool:
+    return _pod(m, "operator").get("serviceAccountName") == "existing" and not of_kind(m, "ServiceAccount")
+
+
+def _workers_and_coordinator_mount_grpc_tls(m) -> bool:
+    return all("grpc-tls" in _secrets(m, role) for role in ("coordinator", "target", "draft"))
+
+
+def _coordinator_serves_tls_and_checks_tokens(m) -> bool:
+    return ({"public-tls", "api-tokens"} <= _secrets(m, "coordinator")
+            and _flag(m, "coordinator", "--tls-cert") is not None
+            and _flag(m, "coordinator", "--auth-token-file") is not None)
+
+
+def _target_has_the_node_env(m) -> bool:
+    return {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in _pod(m, "target")["containers"][0]["env"]
+
+
+# The refused values made consistent, each with what the rendered release must then do.
+CONSISTENT = {
+    "replicas within bounds": ({"target": {"replicas": {"min": 2, "max": 5}}},
+                               lambda m: speculative_deployment(m)["spec"]["target"]["replicas"] == {"min": 2, "max": 5}),
+    "one GPU per shard": ({"target": {"tensorParallelSize": 4, "resources": {"requests": {GPU: 4}, "limits": {GPU: 4}}}},
+                          _target_sharded_over_four_gpus),
+    "canary at its maximum weight": ({"canary": {"enabled": True, "model": "qwen2.5-coder-1.5b-instruct", "weight": 50}},
+                                     _canary_at_weight_50),
+    "a release tag": ({"image": {"tag": "v0.1.0"}}, _every_pod_runs_the_release_tag),
+    "an existing service account": ({"operator": {"serviceAccount": {"create": False, "name": "existing"}}},
+                                    _operator_runs_as_the_existing_account),
+    "TLS with its Secret": ({"tls": {"enabled": True, "secretName": "grpc-tls"}}, _workers_and_coordinator_mount_grpc_tls),
+    "public TLS and tokens with their Secrets": (
+        {"coordinator": {"tls": {"enabled": True, "secretName": "public-tls"},
+                         "auth": {"enabled": True, "tokenSecretName": "api-tokens"}}},
+        _coordinator_serves_tls_and_checks_tokens),
+    "env from one source": (
+        {"target": {"extraEnv": [{"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]}},
+        _target_has_the_node_env),
+}
+
+
+@pytest.mark.parametrize("case", CONSISTENT)
+def test_the_same_values_pass_when_consistent(case):
+    """Each refusal above is about the one value it names: fixed, the chart renders, and does what it says."""
+    values, applied = CONSISTENT[case]
+    assert applied(render(values))
+    assert not applied(render())  # the defaults do not already do it

@@ -1,6 +1,7 @@
 import pytest
 
 from cluster import Cluster
+from other_host import connected_host
 
 
 @pytest.fixture(scope="session")
@@ -47,3 +48,11 @@ def target_alone(tiny_pair):
         return asyncio.run(main())
 
     return run
+
+
+@pytest.fixture(scope="session")
+def other_host():
+    """Another host on a link with this one (other_host.py): `.address` is this machine's non-loopback address,
+    `.reach(port, path)` what a client there gets; skips, saying why, where there can be none."""
+    with connected_host() as host:
+        yield host

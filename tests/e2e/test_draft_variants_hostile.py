@@ -13,6 +13,7 @@ from specsplit.proto.v1 import generation_pb2, generation_pb2_grpc
 from specsplit.services.service_commands import spawn_service
 
 BAD_WEIGHTS = ["Infinity", "1e308", "NaN", "-1", "-Infinity", "1e7"]
+REFUSED = "refused, keeping the last good variants"
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +40,12 @@ def write(path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _log_since(path, offset: int) -> str:
+    with open(path, "rb") as log:
+        log.seek(offset)
+        return log.read().decode()
+
+
 def _weights(stub) -> dict:
     return {v.name: v.weight for v in stub.GetDraftVariantStats(generation_pb2.DraftVariantStatsRequest(), timeout=10).variants}
 
@@ -56,19 +63,20 @@ def _generate_ok(stub, n=6) -> None:
 def test_absurd_weights_are_refused_and_service_goes_on(variants, weight):
     stub = generation_pb2_grpc.GenerationStub(grpc.insecure_channel(variants["address"]))
     assert _weights(stub) == {"stable": 3, "canary": 1}
-    lines_before = open(variants["log"]).read().count("refused, keeping the last good variants")
+    log_before = variants["log"].stat().st_size  # the log is shared by every case: read only what this one adds
     draft_a, draft_b = variants["drafts"]
     write(variants["path"], f'{{"variants": [{{"name": "stable", "weight": {weight}, "addresses": ["{draft_a}"]}},'
                             f' {{"name": "canary", "weight": 1, "addresses": ["{draft_b}"]}}]}}')
     deadline = time.monotonic() + 15
-    while open(variants["log"]).read().count("refused, keeping the last good variants") == lines_before:
+    while REFUSED not in _log_since(variants["log"], log_before):
         assert time.monotonic() < deadline, "the bad file must be reported"
         time.sleep(0.2)
     _generate_ok(stub)
     assert _weights(stub) == {"stable": 3, "canary": 1}
-    log = open(variants["log"]).read()
-    assert "Traceback" not in log
-    assert "finite number" in log.splitlines()[-1] or "finite number" in log
+    added = _log_since(variants["log"], log_before)
+    assert "Traceback" not in added
+    (refusal,) = [line for line in added.splitlines() if REFUSED in line]  # one line, saying why
+    assert refusal.endswith(f"variant 'stable': weight must be a finite number in [0, 1e+06], got {json.loads(weight)!r}")
 
 
 def test_a_good_file_after_bad_ones_applies(variants):

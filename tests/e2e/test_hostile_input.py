@@ -18,6 +18,8 @@ from specsplit.services.target.verifier import VerifyItem
 from cluster import item_codes, item_tokens
 
 WORKERS = ["target_a", "draft_a"]
+# On the loop, two huge prompts let a stream send a message or two (between them); beside it, hundreds.
+STREAM_MESSAGES_WHILE_TOKENIZING = 20
 
 
 @pytest.fixture(scope="module")
@@ -227,9 +229,7 @@ def test_a_huge_prompt_does_not_stall_other_streams(cluster, logged):
     stop.set()
     reader.join(120)
     assert codes == [grpc.StatusCode.INVALID_ARGUMENT] * 2  # longer than the tiny model's context, once tokenized
-    window = [t for t in arrivals if sent - 0.05 <= t <= done + 0.05]
-    assert len(window) >= 2
-    gaps = [b - a for a, b in zip(window, window[1:])]
-    each = (done - sent) / 2  # on the loop, one huge prompt stalled every stream for about this long
-    print(f"2 huge prompts took {done - sent:.3f} s; largest gap between stream messages {max(gaps) * 1000:.0f} ms")
-    assert max(gaps) < min(0.5, each / 4)
+    # Counted, not timed: a loaded machine slows the stream's beat and the tokenization together.
+    during = sum(sent <= t <= done for t in arrivals)
+    print(f"2 huge prompts took {done - sent:.3f} s; {during} stream messages meanwhile")
+    assert during >= STREAM_MESSAGES_WHILE_TOKENIZING

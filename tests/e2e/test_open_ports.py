@@ -2,13 +2,12 @@
 --metrics-host says otherwise, and a worker open to unauthenticated callers tells them its model's name, not where
 its files are."""
 
-import socket
 import urllib.request
 
 import pytest
 
 from specsplit.services.service_commands import spawn_service
-from test_worker_auth import _describe, _non_loopback_ip
+from test_worker_auth import _describe
 
 
 @pytest.fixture(scope="module")
@@ -33,29 +32,16 @@ def _metrics_port(process) -> tuple[str, int]:
     return host, int(port)
 
 
-def _reachable(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=3):
-            return True
-    except OSError:
-        return False
-
-
-def test_metrics_listen_on_loopback_by_default(open_worker):
+def test_metrics_listen_on_loopback_by_default(open_worker, other_host):
     host, port = _metrics_port(open_worker["worker"])
     assert host == "127.0.0.1"
     assert b"specsplit_" in urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
-    ip = _non_loopback_ip()
-    if ip is None:
-        pytest.skip("this machine has no non-loopback address to try")
-    assert not _reachable(ip, port)
+    assert other_host.reach(port) == "refused"
 
 
-def test_metrics_host_opens_them_where_asked(open_worker):
+def test_metrics_host_opens_them_where_asked(open_worker, other_host):
     _, port = _metrics_port(open_worker["coordinator"])
-    ip = _non_loopback_ip() or "127.0.0.1"
-    assert _reachable(ip, port)
-    assert urllib.request.urlopen(f"http://{ip}:{port}/v1/canary", timeout=10).status == 200
+    assert other_host.reach(port, "/v1/canary") == "200"
 
 
 def test_an_open_worker_describes_its_model_by_name_only(open_worker):

@@ -1,12 +1,16 @@
 """`serve` sets intra-op threads per process: all cores for the draft and the target (they take turns within a
 round), one for the coordinator; `--{target,draft,coordinator}-threads` override each. Real processes."""
 
+import os
 import subprocess
 
 import pytest
 
-from specsplit.services.runtime.cpu_threads import available_cores, threads_for
+from specsplit.services.runtime.cpu_threads import threads_for
 from specsplit.services.service_commands import spawn_service
+
+# "Every core": those this process may run on, which the processes it starts inherit.
+CORES = len(os.sched_getaffinity(0))
 
 
 def _serve_threads(tiny_pair, *flags) -> dict[str, int]:
@@ -28,11 +32,11 @@ def test_serve_sets_each_processes_threads(tiny_pair):
     """Defaults for the target (every core) and the coordinator (one); the draft's flag passed through. One serve
     for both: each start of three processes costs tens of seconds on a loaded 2-core machine."""
     said = _serve_threads(tiny_pair, "--draft-threads", "1")
-    assert said == {"target": available_cores(), "draft": 1, "coordinator": 1}
+    assert said == {"target": CORES, "draft": 1, "coordinator": 1}
 
 
 def test_thread_defaults_and_bad_counts():
-    assert threads_for("coordinator") == 1 and threads_for("target") == available_cores()
+    assert threads_for("coordinator") == 1 and threads_for("target") == CORES == threads_for("draft")
     assert threads_for("draft", 3) == 3
     with pytest.raises(ValueError, match=">= 0"):
         threads_for("target", -1)

@@ -1,5 +1,7 @@
 """The n-gram (prompt-lookup) proposer's matching rule and its draft-service protocol."""
 
+import time
+
 import pytest
 
 from specsplit.services.draft.ngram_proposer import NgramProposer, NgramSequence
@@ -118,9 +120,15 @@ def test_bad_sizes_are_refused(sizes):
 
 
 def test_idle_sequences_expire():
+    before = time.monotonic()
+    assert before <= NgramSequence("x").last_used <= time.monotonic()  # a new sequence is not already idle
     proposer = NgramProposer()
-    proposer.prefill([DraftPrefill("old", [1, 2], GREEDY)])
+    proposer.prefill([DraftPrefill("old", [1, 2], GREEDY), DraftPrefill("used", [1, 2], GREEDY)])
     proposer.sequences.get("old").last_used -= 100
+    proposer.sequences.get("used").last_used -= 100
+    (proposal,) = proposer.propose([ProposeItem("used", 2, [1], 1)])  # a call keeps its sequence alive
+    assert proposal.token_ids == [2]
     proposer.prefill([DraftPrefill("new", [1, 2], GREEDY)])
-    assert proposer.sequences.release_idle(50) == ["old"] and proposer.sequences.handles() == ["new"]
-    assert isinstance(NgramSequence("x"), NgramSequence)
+    assert proposer.sequences.release_idle(50) == ["old"] and proposer.sequences.handles() == ["used", "new"]
+    (gone,) = proposer.propose([ProposeItem("old", 2, [1], 1)])
+    assert isinstance(gone, UnknownSequence)  # an expired handle is unknown to its coordinator's next call

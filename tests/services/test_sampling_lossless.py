@@ -1,7 +1,9 @@
 """Sampled speculative decoding is distributed exactly as the target's own sampling (chi-square tests).
 
 Each test fails by chance with probability ALPHA when the implementation is right (its seeds are fixed, so a
-given run is reproducible); a wrong acceptance rule or residual shifts the distribution far beyond that.
+given run is reproducible); a wrong acceptance rule or residual shifts the distribution far beyond that. The exact
+marginals come from transformers' temperature / top-k / top-p warpers (sampling_reference.py), not the engine's own
+filter, so a bug in that filter shows here too (test_logits_processing.py tests the filter itself).
 """
 
 import asyncio
@@ -14,8 +16,8 @@ from scipy.stats import chisquare
 from specsplit.kernels.rejection_sampling import rejection_sample_torch
 from specsplit.services.coordinator.coordinator import CoordinatorConfig
 from specsplit.services.local_engine import LocalEngine
-from specsplit.services.sampling.logits_processing import processed_probs
 from specsplit.services.sampling_params import SamplingParams
+from sampling_reference import warped_probs
 from tiny_models import build_model, perturbed_copy, save_model
 
 ALPHA = 1e-3
@@ -102,14 +104,8 @@ def exact_marginals(model, prompt, params: SamplingParams, steps: int) -> list[n
     """Exact distribution of each generated position, by enumerating every prefix under the processed p."""
     def probs_after(seq_batch):
         with torch.no_grad():
-            logits = model(torch.tensor(seq_batch)).logits[:, -1].float()
-        n = logits.shape[0]
-        return processed_probs(
-            logits,
-            torch.full((n,), params.temperature),
-            torch.full((n,), params.top_k, dtype=torch.int64),
-            torch.full((n,), params.top_p),
-        ).double()
+            logits = model(torch.tensor(seq_batch)).logits[:, -1].double()
+        return warped_probs(logits, params.temperature, params.top_k, params.top_p)
 
     prefixes, weights = [list(prompt)], torch.ones(1, dtype=torch.float64)
     marginals = []
@@ -160,10 +156,8 @@ def close_small_vocab_pair(tmp_path_factory):
 def next_token_probs(model, prefixes: list[list[int]], params: SamplingParams) -> np.ndarray:
     """The target's processed distribution after each prefix: [n, vocab]."""
     with torch.no_grad():
-        logits = model(torch.tensor(prefixes)).logits[:, -1].float()
-    n = logits.shape[0]
-    return processed_probs(logits, torch.full((n,), params.temperature), torch.full((n,), params.top_k, dtype=torch.int64),
-                           torch.full((n,), params.top_p)).double().numpy()
+        logits = model(torch.tensor(prefixes)).logits[:, -1].double()
+    return warped_probs(logits, params.temperature, params.top_k, params.top_p).numpy()
 
 
 @pytest.mark.parametrize("setting", PIPELINED_SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
