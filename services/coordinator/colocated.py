@@ -8,8 +8,6 @@ coordinator can fail over to other target replicas (`--target`): the local repli
 and a sequence whose replica is lost is re-prefilled on another, as in the separate deployment.
 """
 
-import sys
-
 from specsplit.services.coordinator.process import start_coordinator
 from specsplit.services.rpc.worker_credentials import COORDINATOR_ID, bind_handles, owned_handles
 from specsplit.services.rpc.worker_info import worker_info
@@ -56,9 +54,6 @@ async def serve_colocated(model: str, host: str, port: int, coordinator_port: in
                           draft_variants: list, coordinator_options: dict, **worker_options) -> None:
     """A target worker on `port` and, in the same process, a coordinator on `coordinator_port` whose preferred
     target replica is that worker."""
-    # Two threads share the GIL here (the loop, the target's compute thread): a short switch interval lets the one
-    # back from a device wait take the GIL within half a millisecond instead of up to five.
-    sys.setswitchinterval(0.0005)
     worker = await start_worker("target", model, host, port, **worker_options)
     local = ColocatedTargetClient(worker.service, f"local:{worker.address}")
     coordinator = await start_coordinator(peer_targets, draft_variants, host, coordinator_port, local_target=local,

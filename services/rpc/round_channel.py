@@ -28,6 +28,7 @@ import struct
 from specsplit.services.errors import InvalidArgument, SpecsplitError, Unavailable
 from specsplit.services.rpc.auth_throttle import peer_address
 from specsplit.services.rpc.status_codes import code_number, error_from_status, status_code_for
+from specsplit.services.rpc.step_batcher import compute_threads_busy
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ MAX_FRAME_BYTES = 64 * 1024 * 1024  # as gRPC's message limit (rpc/server.py)
 UNAUTHENTICATED = 16                # google.rpc.Code
 HELLO_SECONDS = 10.0                # a connection that says nothing is dropped
 SPIN_AFTER_ANSWER_SECONDS = 0.05    # a spinning worker keeps its loop hot this long after each answer
+YIELD_SECONDS = 0.0005              # how a spinning loop waits while a compute thread needs the GIL
 
 
 def encode_frame(kind: int, payload: bytes) -> bytes:
@@ -74,8 +76,9 @@ def spin_wait_default(on_accelerator: bool) -> bool:
 
 class LoopSpinner:
     """Keeps an event loop from sleeping while someone waits for a round message: the loop turns over with a zero
-    timeout (other tasks still run, and the GIL is let go at every poll), so the message is read the moment it
-    lands instead of after a thread wake-up."""
+    timeout (other tasks still run), so the message is read the moment it lands instead of after a thread wake-up.
+    Never while a compute thread of the process runs a step (a prefill): spinning holds the GIL nearly all the time
+    and would starve that thread's host work; the loop then polls every half millisecond instead."""
 
     def __init__(self):
         self._holders = 0
@@ -104,7 +107,7 @@ class LoopSpinner:
             if self._holders == 0 and loop.time() >= self._until:
                 self._wake.clear()
                 await self._wake.wait()
-            await asyncio.sleep(0)
+            await asyncio.sleep(YIELD_SECONDS if compute_threads_busy() else 0)
 
 
 class RoundChannelServer:

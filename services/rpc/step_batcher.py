@@ -23,6 +23,14 @@ log = logging.getLogger(__name__)
 INLINE_KINDS = ("propose", "verify")  # a round's calls; prefills may take long and go to the thread
 LONE_CALLER_SECONDS = 1.0            # a caller is alone when no other called within this long
 
+_threads_at_work = [0]  # compute threads of this process running a step now (a spinning loop must let them have the GIL)
+
+
+def compute_threads_busy() -> bool:
+    """Whether a compute thread of this process is running a step: its host work needs the GIL, which a spinning
+    event loop would hold nearly all the time (round_channel.LoopSpinner checks this)."""
+    return _threads_at_work[0] > 0
+
 
 class StepBatcher:
     def __init__(self, handlers: dict[str, Callable[[list], list]], name: str = "worker", inline: bool = True):
@@ -117,9 +125,11 @@ class StepBatcher:
             if kind is None:
                 return
             merged = [item for _, items, _, _ in calls for item in items]
+            _threads_at_work[0] += 1
             try:
                 results = self._run(kind, merged)
             finally:
+                _threads_at_work[0] -= 1
                 with self._cond:
                     self._busy = False
             start = 0

@@ -73,3 +73,16 @@ def test_a_resumed_replica_releases_what_moved_away_before_it_rejoins_even_when_
         await asyncio.wait_for(idle, 1.0)
 
     asyncio.run(main())
+
+
+def test_the_preferred_replica_takes_every_sequence_while_it_is_live():
+    """The co-located target (coordinator/colocated.py) is preferred; the others only take over when it is down."""
+    from types import SimpleNamespace
+
+    from specsplit.services.coordinator.replica_pools import ReplicaPool
+
+    local, peer = SimpleNamespace(name="local"), SimpleNamespace(name="peer")
+    pool = ReplicaPool("target", [local, peer], preferred="local")
+    assert [pool.pick().name for _ in range(4)] == ["local"] * 4
+    pool.mark_down(local)
+    assert pool.pick() is peer

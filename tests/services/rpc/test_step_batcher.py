@@ -1,0 +1,102 @@
+"""How a worker runs its steps (rpc/step_batcher.py): a lone caller's round calls on the calling thread, several
+callers' calls merged on the compute thread, prefills always there, and the compute thread's work visible to a
+spinning loop."""
+
+import asyncio
+import threading
+
+from specsplit.services.rpc import step_batcher
+from specsplit.services.rpc.step_batcher import StepBatcher
+
+
+class Recorder:
+    """Step handlers that note which thread ran them and how many items each step had."""
+
+    def __init__(self, hold: threading.Event | None = None):
+        self.steps: list[tuple[str, str, int]] = []
+        self.hold = hold
+        self.busy_seen: list[bool] = []
+
+    def handler(self, kind):
+        def step(items):
+            if self.hold is not None:
+                self.busy_seen.append(step_batcher.compute_threads_busy())
+                self.hold.wait(5)
+            self.steps.append((kind, threading.current_thread().name, len(items)))
+            return [f"{kind}:{i}" for i in items]
+
+        return step
+
+    def handlers(self):
+        return {kind: self.handler(kind) for kind in ("propose", "verify", "prefill")}
+
+
+def test_a_lone_callers_round_call_runs_on_the_calling_thread():
+    recorder = Recorder()
+    batcher = StepBatcher(recorder.handlers(), name="test")
+    try:
+        async def main():
+            return [await batcher.submit("verify", [1, 2], caller="alice") for _ in range(3)]
+
+        results = asyncio.run(main())
+    finally:
+        batcher.stop()
+    assert results == [["verify:1", "verify:2"]] * 3
+    assert {name for _, name, _ in recorder.steps} == {threading.current_thread().name}
+    assert batcher.inline_steps == 3
+
+
+def test_prefills_and_unnamed_callers_go_to_the_compute_thread():
+    recorder = Recorder()
+    batcher = StepBatcher(recorder.handlers(), name="test")
+    try:
+        async def main():
+            await batcher.submit("prefill", [1], caller="alice")
+            await batcher.submit("verify", [1])
+            await batcher.submit("verify", [1], caller="alice", inline=False)
+
+        asyncio.run(main())
+    finally:
+        batcher.stop()
+    assert [name for _, name, _ in recorder.steps] == ["test-compute"] * 3
+    assert batcher.inline_steps == 0
+
+
+def test_several_callers_are_merged_on_the_compute_thread():
+    """While a step runs on the compute thread, calls of two coordinators queue and become one step."""
+    hold = threading.Event()
+    recorder = Recorder(hold)
+    batcher = StepBatcher(recorder.handlers(), name="test")
+    try:
+        async def main():
+            first = asyncio.ensure_future(batcher.submit("prefill", ["p"], caller="alice"))
+            while not recorder.busy_seen:  # the prefill holds the compute thread
+                await asyncio.sleep(0.001)
+            alice = asyncio.ensure_future(batcher.submit("verify", ["a"], caller="alice"))
+            bob = asyncio.ensure_future(batcher.submit("verify", ["b1", "b2"], caller="bob"))
+            await asyncio.sleep(0.01)
+            hold.set()
+            return await first, await alice, await bob
+
+        first, alice, bob = asyncio.run(main())
+    finally:
+        hold.set()
+        batcher.stop()
+    assert (first, alice, bob) == (["prefill:p"], ["verify:a"], ["verify:b1", "verify:b2"])
+    assert recorder.steps[1] == ("verify", "test-compute", 3)  # one step for both callers
+    assert recorder.busy_seen[0] is True and not step_batcher.compute_threads_busy()
+
+
+def test_a_second_caller_ends_inline_steps_until_it_has_been_quiet():
+    recorder = Recorder()
+    batcher = StepBatcher(recorder.handlers(), name="test")
+    try:
+        async def main():
+            await batcher.submit("verify", [1], caller="alice")
+            await batcher.submit("verify", [1], caller="bob")
+            await batcher.submit("verify", [1], caller="alice")
+
+        asyncio.run(main())
+    finally:
+        batcher.stop()
+    assert [name for _, name, _ in recorder.steps] == [threading.current_thread().name, "test-compute", "test-compute"]
