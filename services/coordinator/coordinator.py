@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 
 SPECULATION_MODES = ("adaptive", "fixed")
+RELEASE_AT_CLOSE_SECONDS = 2.0  # how long a closing coordinator waits for a replica marked down to free its sequences
 
 
 @dataclass
@@ -171,6 +172,18 @@ class Coordinator:
         for sequence in list(self.running) + list(self.waiting):
             self.abort(sequence)
         await self._release_finished()
+        # Replicas marked down may only have been slow (a loaded host): before this coordinator goes, it tells each
+        # of them, briefly, which of its sequences to free, rather than leave their KV to the workers' lease.
+        calls = [self._release_now(client, handles) for client, handles in self.health.moved_away_handles().items()]
+        if calls:
+            await asyncio.gather(*calls)
+
+    async def _release_now(self, client, handles: list[str]) -> None:
+        try:
+            async with asyncio.timeout(RELEASE_AT_CLOSE_SECONDS):
+                await client.release(handles)
+        except Exception as error:  # gone for good: the lease frees them
+            log.warning("release on %s at close failed: %s", client.name, error)
 
     # ---- the loop ---------------------------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ class ReplicaHealth:
         self.deadlines = CallDeadlines(settings or DeadlineSettings())
         self.probe_interval = probe_interval
         self._gone: dict[str, set[str]] = {}   # replica name -> handles it may still hold that moved away
+        self._replicas: dict[str, object] = {}  # replica name -> its client, for those in _gone
         self._probing: set[str] = set()
         self._last_probe = 0.0
 
@@ -48,6 +49,11 @@ class ReplicaHealth:
         """These sequences left `replica` while it was not answering: it must release them when it is back."""
         if replica is not None:
             self._gone.setdefault(replica.name, set()).update(handles)
+            self._replicas[replica.name] = replica
+
+    def moved_away_handles(self) -> dict:
+        """{replica client: handles it may still hold} for every replica with sequences that moved away."""
+        return {self._replicas[name]: sorted(handles) for name, handles in self._gone.items() if handles}
 
     def gone_count(self, replica_name: str) -> int:
         return len(self._gone.get(replica_name, ()))
