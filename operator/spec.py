@@ -94,7 +94,7 @@ class RoleSpec:
 class CoordinatorSpec:
     replicas: int
     resources: Resources
-    port: int  # port of the public Service; the container always listens on 50051
+    port: int  # port of the public Service; the container listens on 50051 (co-located: 50050, naming.py)
     http_port: int  # the Service's port for the OpenAI-compatible HTTP API (the container's is 8000); 0 = none
     tls_secret_name: str | None  # TLS on the public port: a Secret with tls.crt and tls.key
     auth_token_secret_name: str | None  # bearer tokens clients must send: a Secret with key `tokens`
