@@ -67,6 +67,15 @@ def coordinator_args(coordinator: CoordinatorSpec, tls: InternalTLS | None, work
     return args
 
 
+def colocated_args(coordinator: CoordinatorSpec, tls: InternalTLS | None, worker_auth: str | None = None) -> list[str]:
+    """Flags of `specsplit target --coordinate`: the coordinator's. The process serves one certificate on all its
+    ports, and their clients are the public API's: so the public TLS, never a client CA (public clients have no
+    certificate of the internal CA). Internal TLS secures the calls to the draft pools. The target's own worker ports
+    have no caller outside the pod: its `--worker-secret-file` (one flag for both sides) makes them require the
+    workers' secret; without one they listen on loopback only (no --allow-unauthenticated)."""
+    return coordinator_args(coordinator, tls, worker_auth)
+
+
 def _secret_volume(volume: str, secret_name: str, keys: tuple[str, ...], directory: str
                    ) -> tuple[dict[str, Any], dict[str, Any]]:
     """A Secret's keys as files of one folder. Keys are listed so a Secret missing one fails the pod's start
@@ -113,11 +122,11 @@ def coordinator_volumes(coordinator: CoordinatorSpec, tls: InternalTLS | None, w
     return [volume for volume, _ in pairs], [mount for _, mount in pairs]
 
 
-def health_check(tls_served: bool) -> dict[str, Any]:
+def health_check(tls_served: bool, port: int = naming.GRPC_PORT) -> dict[str, Any]:
     """The probe handler of a pod's gRPC port. Kubernetes' `grpc` probe speaks plaintext only, so it cannot
     pass a TLS port: there a `tcpSocket` probe on the same port is used instead. It still means "up": the
     services open the port only once the model is loaded. Bearer tokens need no change: the services leave
     the health service open to callers without one."""
     if tls_served:
-        return {"tcpSocket": {"port": naming.GRPC_PORT}}
-    return {"grpc": {"port": naming.GRPC_PORT}}
+        return {"tcpSocket": {"port": port}}
+    return {"grpc": {"port": port}}

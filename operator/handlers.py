@@ -126,7 +126,8 @@ async def speculativedeployment_canary(body: kopf.Body, patch: kopf.Patch, memo:
             return
         state.last_canary_evaluation = now
         meta = body["metadata"]
-        reports = await canary_reports(context.client, context.scraper, meta["namespace"], meta["name"])
+        reports = await canary_reports(context.client, context.scraper, meta["namespace"], meta["name"],
+                                       colocated=spec.coordinator.colocated)
         decision = canary_policy.decide(canary_policy.merge_reports(reports), canary.weight, spec.canary.promotion,
                                         naming.STABLE_VARIANT, naming.CANARY_VARIANT)
         context.notify(meta["namespace"], meta["name"], "canary", now, decision)

@@ -2,6 +2,13 @@
 
 No API calls here: the same inputs always give the same dicts, so the handlers can compare them with what
 is in the cluster and the tests can check them without one. Pod commands follow the services' CLI contract.
+
+Two modes (spec.coordinator.colocated): a coordinator Deployment of its own, or the coordinator inside every target
+pod (`specsplit target --coordinate`), where the public Service selects the target pods on the coordinator's ports.
+A co-located coordinator gets no other target replicas to fail over to: it shares its target's process (when that
+dies, so do its requests, and clients retry through the Service), and a peer list read once from the headless
+Service at start would hold the pod's own address beside the in-process target, miss pods started later, and for
+the first pod name no ready pod at all (its readiness waits on the coordinator, whose start would wait on it).
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ def build_objects(owner: Mapping[str, Any], spec: DeploymentSpec, plan: RolloutP
         coordinator_service(instance, spec),
         worker_service(instance, naming.TARGET),
         worker_service(instance, naming.DRAFT),
-        coordinator_deployment(instance, spec),
+        *([] if spec.coordinator.colocated else [coordinator_deployment(instance, spec)]),
         worker_deployment(instance, spec, naming.TARGET, spec.target, spec.target.model, plan.target_replicas),
         worker_deployment(instance, spec, naming.DRAFT, spec.draft, plan.draft_model, plan.draft_replicas),
     ]
@@ -75,7 +82,10 @@ def variants_config_map(instance: str, spec: DeploymentSpec, plan: RolloutPlan) 
 
 
 def coordinator_service(instance: str, spec: DeploymentSpec) -> dict[str, Any]:
-    """The public entry point: clients speak gRPC to `NAME:port`."""
+    """The public entry point: clients speak gRPC to `NAME:port`; co-located, it leads to the target pods."""
+    colocated = spec.coordinator.colocated
+    grpc_port = naming.COLOCATED_GRPC_PORT_NAME if colocated else "grpc"
+    metrics_port = naming.COLOCATED_METRICS_PORT_NAME if colocated else "metrics"
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -83,13 +93,13 @@ def coordinator_service(instance: str, spec: DeploymentSpec) -> dict[str, Any]:
                      "labels": naming.labels(instance, naming.COORDINATOR)},
         "spec": {
             "type": "ClusterIP",
-            "selector": naming.selector(instance, naming.COORDINATOR),
+            "selector": naming.selector(instance, naming.TARGET if colocated else naming.COORDINATOR),
             "ports": [
-                {"name": "grpc", "port": spec.coordinator.port, "targetPort": "grpc", "protocol": "TCP",
+                {"name": "grpc", "port": spec.coordinator.port, "targetPort": grpc_port, "protocol": "TCP",
                  "appProtocol": "grpc"},
                 *([{"name": "http", "port": spec.coordinator.http_port, "targetPort": "http", "protocol": "TCP",
                     "appProtocol": "http"}] if spec.coordinator.http_port else []),
-                {"name": "metrics", "port": naming.METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+                {"name": "metrics", "port": naming.METRICS_PORT, "targetPort": metrics_port, "protocol": "TCP"},
             ],
         },
     }
@@ -122,28 +132,55 @@ def coordinator_command(instance: str, spec: DeploymentSpec) -> list[str]:
         "--port", str(naming.GRPC_PORT),
         "--metrics-port", str(naming.METRICS_PORT),
         "--metrics-host", "0.0.0.0",  # scraped from other pods; the NetworkPolicy admits only the scrapers
-        "--http-port", str(naming.HTTP_PORT if spec.coordinator.http_port else -1),
-        "--num-speculative-tokens", str(spec.num_speculative_tokens),
+        *_coordinating_flags(spec),
         *grpc_security.coordinator_args(spec.coordinator, spec.tls, spec.worker_auth_secret_name),
     ]
+
+
+def _coordinating_flags(spec: DeploymentSpec) -> list[str]:
+    """What a coordinator is told wherever it runs (its own pod, or a target's)."""
+    return ["--http-port", str(naming.HTTP_PORT if spec.coordinator.http_port else -1),
+            "--num-speculative-tokens", str(spec.num_speculative_tokens)]
 
 
 def worker_command(role: str, model: str, tensor_parallel_size: int, tls: InternalTLS | None = None,
                    worker_auth: str | None = None, batch_invariant: bool = False) -> list[str]:
     """`model`: for a draft, what its pool runs (draft_source.py): a model, or the n-gram proposer's flags."""
+    security = grpc_security.worker_args(tls, worker_auth)
+    return _worker_flags(role, model, tensor_parallel_size, batch_invariant) + security
+
+
+def colocated_target_command(spec: DeploymentSpec, model: str, tensor_parallel_size: int) -> list[str]:
+    """`specsplit target --coordinate`: the target's flags, then its coordinator's (grpc_security.colocated_args)."""
+    return [
+        *_worker_flags(naming.TARGET, model, tensor_parallel_size, spec.batch_invariant),
+        "--coordinate",
+        "--coordinator-port", str(naming.COLOCATED_GRPC_PORT),
+        "--coordinator-metrics-port", str(naming.COLOCATED_METRICS_PORT),
+        "--draft-variants-file", f"{naming.CONFIG_DIR}/{naming.VARIANTS_KEY}",
+        *_coordinating_flags(spec),
+        *grpc_security.colocated_args(spec.coordinator, spec.tls, spec.worker_auth_secret_name),
+    ]
+
+
+def _worker_flags(role: str, model: str, tensor_parallel_size: int, batch_invariant: bool) -> list[str]:
     source = draft_flags(model) if role == naming.DRAFT else ["--model", model]
-    command = ["specsplit", role, *source,
-               "--port", str(naming.GRPC_PORT), "--metrics-port", str(naming.METRICS_PORT), "--metrics-host", "0.0.0.0"]
+    command = ["specsplit", role, *source, "--port", str(naming.GRPC_PORT), "--round-port", str(naming.ROUND_PORT),
+               "--metrics-port", str(naming.METRICS_PORT), "--metrics-host", "0.0.0.0"]
     if tensor_parallel_size > 1:  # one process per GPU of the pod; this one serves as rank 0
         command += ["--tensor-parallel-size", str(tensor_parallel_size)]
     if batch_invariant and not is_ngram(model):  # the n-gram proposer runs no kernels
         command.append("--batch-invariant")
-    return command + grpc_security.worker_args(tls, worker_auth)
+    return command
+
+
+def _variants_file_volume(instance: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    return ([{"name": "config", "configMap": {"name": naming.config_map_name(instance)}}],
+            [{"name": "config", "mountPath": naming.CONFIG_DIR, "readOnly": True}])
 
 
 def coordinator_deployment(instance: str, spec: DeploymentSpec) -> dict[str, Any]:
-    volumes = [{"name": "config", "configMap": {"name": naming.config_map_name(instance)}}]
-    mounts = [{"name": "config", "mountPath": naming.CONFIG_DIR, "readOnly": True}]
+    volumes, mounts = _variants_file_volume(instance)
     secret_volumes, secret_mounts = grpc_security.coordinator_volumes(spec.coordinator, spec.tls, spec.worker_auth_secret_name)
     probe = grpc_security.health_check(tls_served=spec.coordinator.tls_secret_name is not None)
     http = [{"name": "http", "containerPort": naming.HTTP_PORT, "protocol": "TCP"}] if spec.coordinator.http_port else []
@@ -155,7 +192,9 @@ def coordinator_deployment(instance: str, spec: DeploymentSpec) -> dict[str, Any
 
 def worker_deployment(instance: str, spec: DeploymentSpec, component: str, role: RoleSpec, model: str,
                       replicas: int) -> dict[str, Any]:
-    """A target, draft or draft-canary pool; the canary runs the draft command with another model."""
+    """A target, draft or draft-canary pool; the canary runs the draft command with another model. Co-located, the
+    target's pods also run the coordinator: its variants file and Secrets, its ports, probed on its public port (the
+    pod takes clients only once the coordinator serves)."""
     command_role = naming.TARGET if component == naming.TARGET else naming.DRAFT
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
@@ -163,18 +202,37 @@ def worker_deployment(instance: str, spec: DeploymentSpec, component: str, role:
         # NCCL between the shards of one pod needs more shared memory than the container default (64 MiB).
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
-    secret_volumes, secret_mounts = grpc_security.worker_volumes(spec.tls, spec.worker_auth_secret_name)
+    ports = [{"name": "round", "containerPort": naming.ROUND_PORT, "protocol": "TCP"}]
+    if component == naming.TARGET and spec.coordinator.colocated:
+        command = colocated_target_command(spec, model, role.tensor_parallel_size)
+        config_volumes, config_mounts = _variants_file_volume(instance)
+        volumes, mounts = volumes + config_volumes, mounts + config_mounts
+        secret_volumes, secret_mounts = grpc_security.coordinator_volumes(spec.coordinator, spec.tls,
+                                                                          spec.worker_auth_secret_name)
+        ports += _colocated_coordinator_ports(spec)
+        probe = grpc_security.health_check(tls_served=spec.coordinator.tls_secret_name is not None,
+                                           port=naming.COLOCATED_GRPC_PORT)
+    else:
+        command = worker_command(command_role, model, role.tensor_parallel_size, spec.tls,
+                                 spec.worker_auth_secret_name, spec.batch_invariant)
+        secret_volumes, secret_mounts = grpc_security.worker_volumes(spec.tls, spec.worker_auth_secret_name)
+        probe = grpc_security.health_check(tls_served=spec.tls is not None)
     resources = role.resources
     if command_role == naming.DRAFT and is_ngram(model):  # no model: no GPU, whatever the model draft pool takes
         resources = dataclasses.replace(resources, gpus=0)
-    return _deployment(instance, spec, component, replicas=replicas,
-                       command=worker_command(command_role, model, role.tensor_parallel_size, spec.tls,
-                                              spec.worker_auth_secret_name, spec.batch_invariant),
+    return _deployment(instance, spec, component, replicas=replicas, command=command,
                        resources=resources, extra_volumes=volumes + secret_volumes,
-                       extra_mounts=mounts + secret_mounts,
-                       health_check=grpc_security.health_check(tls_served=spec.tls is not None),
+                       extra_mounts=mounts + secret_mounts, health_check=probe,
                        node_selector=role.node_selector, tolerations=role.tolerations, affinity=role.affinity,
-                       extra_env=role.env)
+                       extra_env=role.env, extra_ports=ports)
+
+
+def _colocated_coordinator_ports(spec: DeploymentSpec) -> list[dict[str, Any]]:
+    http = [{"name": "http", "containerPort": naming.HTTP_PORT, "protocol": "TCP"}]
+    return [{"name": naming.COLOCATED_GRPC_PORT_NAME, "containerPort": naming.COLOCATED_GRPC_PORT, "protocol": "TCP"},
+            *(http if spec.coordinator.http_port else []),
+            {"name": naming.COLOCATED_METRICS_PORT_NAME, "containerPort": naming.COLOCATED_METRICS_PORT,
+             "protocol": "TCP"}]
 
 
 def _resource_requirements(resources: Resources) -> dict[str, Any]:

@@ -28,8 +28,15 @@ ANNOTATION_LAST_APPLIED = "specsplit.dev/last-applied"
 
 # Ports fixed by the services' contract.
 GRPC_PORT = 50051
+ROUND_PORT = 50061  # a worker's round channel: the round's calls as frames beside gRPC (Describe advertises it)
 HTTP_PORT = 8000  # the coordinator's OpenAI-compatible HTTP API
 METRICS_PORT = 9090
+# The co-located mode (spec.coordinator.colocated): the coordinator runs in every target pod, beside the target's
+# own gRPC (50051) and metrics (9090) ports, on ports (and container port names) of its own.
+COLOCATED_GRPC_PORT = 50050
+COLOCATED_METRICS_PORT = 9091
+COLOCATED_GRPC_PORT_NAME = "coord-grpc"
+COLOCATED_METRICS_PORT_NAME = "coord-metrics"
 
 # The coordinator reads its draft variants from this file (a ConfigMap key mounted read-only). Each mount
 # under /etc/specsplit is its own folder: a volume mounted inside a ConfigMap's volume would be disturbed

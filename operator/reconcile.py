@@ -18,6 +18,7 @@ from specsplit.operator.spec import DeploymentSpec
 from specsplit.operator.state import OperatorState
 
 COMPONENTS = (naming.COORDINATOR, naming.TARGET, naming.DRAFT, naming.DRAFT_CANARY)
+SEPARATE, COLOCATED = "Separate", "Colocated"  # status.coordinator.mode
 
 
 @dataclasses.dataclass
@@ -70,14 +71,19 @@ async def reconcile(client: KubeClient, body: Mapping[str, Any], spec: Deploymen
     plan = state.plan(spec)
     applied = [await apply(client, namespace, manifest) for manifest in build_objects(body, spec, plan)]
     removed = []
+    leftovers = []
     if plan.canary_model is None:
         # Applied above: the variants file without the canary. The kubelet delivers it to the coordinators
         # within a minute or so; requests still routed to the vanished canary meanwhile carry on without a
         # draft (the coordinator's failure mode for a lost draft replica), and none is lost.
         name = naming.component_name(instance, naming.DRAFT_CANARY)
-        for kind in ("Deployment", "Service"):
-            if await remove_if_present(client, namespace, kind, name, body["metadata"]["uid"]):
-                removed.append(f"{kind} {name}")
+        leftovers += [("Deployment", name), ("Service", name)]
+    if spec.coordinator.colocated:
+        # Applied above: the public Service now leads to the target pods, which run the coordinator themselves.
+        leftovers.append(("Deployment", naming.component_name(instance, naming.COORDINATOR)))
+    for kind, name in leftovers:
+        if await remove_if_present(client, namespace, kind, name, body["metadata"]["uid"]):
+            removed.append(f"{kind} {name}")
     overridden = [(item.live["metadata"]["name"], item.replicas_overridden, item.live["spec"]["replicas"])
                   for item in applied if item.replicas_overridden is not None]
     return Outcome(applied=applied, removed=removed, overridden=overridden)
@@ -123,10 +129,21 @@ def healthy_status(current: Mapping[str, Any], spec: DeploymentSpec, state: Oper
     for role in naming.ROLES:
         live = deployments.get(role, {})
         status[role]["readyReplicas"] = (live.get("status") or {}).get("readyReplicas") or 0
+    status[naming.COORDINATOR] = _coordinator_status(spec, deployments)
     status["observedGeneration"] = generation
     status["conditions"] = conditions.merge(current.get("conditions"), _deployment_conditions(deployments),
                                             generation, now)
     return status
+
+
+def _coordinator_status(spec: DeploymentSpec, deployments: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Where the public API runs and how many replicas it has: co-located, the target pool's (autoscaled with it;
+    spec.coordinator.replicas does not apply)."""
+    colocated = spec.coordinator.colocated
+    live = deployments.get(naming.TARGET if colocated else naming.COORDINATOR, {})
+    return {"mode": COLOCATED if colocated else SEPARATE,
+            "desiredReplicas": (live.get("spec") or {}).get("replicas") or 0,
+            "readyReplicas": (live.get("status") or {}).get("readyReplicas") or 0}
 
 
 def invalid_status(current: Mapping[str, Any], errors: list[str], generation: int | None,

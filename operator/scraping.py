@@ -1,6 +1,7 @@
 """Reading the services' own numbers: Prometheus text from each pod's metrics port, and the coordinators' /v1/canary.
 
-Pods are found through the API (their IPs and the container port named `metrics`), then asked directly
+Pods are found through the API (their IPs and the container port named `metrics`, or a co-located coordinator's
+`coord-metrics` in the target pods), then asked directly
 over HTTP, without the operator's Kubernetes credentials. A pod that does not answer is left out: the
 scaling policy knows how many pods reported and does not scale down on partial data.
 """
@@ -56,8 +57,9 @@ class RoleMetrics:
         return {"proposeQueueDepth": self.queue_depth, "proposeLatencySeconds": self.stage_latency_seconds}
 
 
-def ready_endpoints(pods: Iterable[Mapping[str, Any]], selector: Mapping[str, str], path: str) -> list[PodEndpoint]:
-    """Running, not terminating pods with an IP that match the selector; the URL of `path` on their metrics port."""
+def ready_endpoints(pods: Iterable[Mapping[str, Any]], selector: Mapping[str, str], path: str,
+                    port_name: str = "metrics", default_port: int = naming.METRICS_PORT) -> list[PodEndpoint]:
+    """Running, not terminating pods with an IP that match the selector; the URL of `path` on their port `port_name`."""
     endpoints = []
     for pod in pods:
         meta, status = pod.get("metadata", {}), pod.get("status", {})
@@ -66,10 +68,10 @@ def ready_endpoints(pods: Iterable[Mapping[str, Any]], selector: Mapping[str, st
             continue
         if meta.get("deletionTimestamp") or status.get("phase") != "Running" or not status.get("podIP"):
             continue
-        port = naming.METRICS_PORT
+        port = default_port
         for container in pod.get("spec", {}).get("containers", []):
             for container_port in container.get("ports") or []:
-                if container_port.get("name") == "metrics":
+                if container_port.get("name") == port_name:
                     port = int(container_port["containerPort"])
         endpoints.append(PodEndpoint(name=meta.get("name", ""), url=f"http://{status['podIP']}:{port}{path}"))
     return endpoints
@@ -174,10 +176,13 @@ async def scrape_role(client: KubeClient, scraper: PodScraper, namespace: str, i
     return samples
 
 
-async def canary_reports(client: KubeClient, scraper: PodScraper, namespace: str,
-                         instance: str) -> list[dict[str, Any]]:
-    """The /v1/canary report of every ready coordinator pod."""
-    selector = naming.selector(instance, naming.COORDINATOR)
-    pods = await client.list(PODS, namespace, naming.selector_string(instance, naming.COORDINATOR))
-    reports = await scraper.fetch(ready_endpoints(pods, selector, "/v1/canary"), as_json=True)
+async def canary_reports(client: KubeClient, scraper: PodScraper, namespace: str, instance: str,
+                         colocated: bool = False) -> list[dict[str, Any]]:
+    """The /v1/canary report of every ready coordinator: its own pods', or co-located, every target pod's."""
+    component = naming.TARGET if colocated else naming.COORDINATOR
+    port_name, port = ((naming.COLOCATED_METRICS_PORT_NAME, naming.COLOCATED_METRICS_PORT) if colocated
+                       else ("metrics", naming.METRICS_PORT))
+    pods = await client.list(PODS, namespace, naming.selector_string(instance, component))
+    endpoints = ready_endpoints(pods, naming.selector(instance, component), "/v1/canary", port_name, port)
+    reports = await scraper.fetch(endpoints, as_json=True)
     return [report for report in reports.values() if isinstance(report, dict)]

@@ -94,10 +94,13 @@ class RoleSpec:
 class CoordinatorSpec:
     replicas: int
     resources: Resources
-    port: int  # port of the public Service; the container always listens on 50051
+    port: int  # port of the public Service; the container listens on 50051 (co-located: 50050, naming.py)
     http_port: int  # the Service's port for the OpenAI-compatible HTTP API (the container's is 8000); 0 = none
     tls_secret_name: str | None  # TLS on the public port: a Secret with tls.crt and tls.key
     auth_token_secret_name: str | None  # bearer tokens clients must send: a Secret with key `tokens`
+    # In every target pod (`specsplit target --coordinate`) instead of a Deployment of its own: one hop per round;
+    # the public API then has the target pool's replicas and the target container's resources.
+    colocated: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -434,6 +437,16 @@ def _image_pull_secrets(fields: _Fields) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _check_colocated(coordinator: CoordinatorSpec, has_resources: bool, errors: list[str]) -> None:
+    """What a coordinator of its own has and a co-located one cannot: said, rather than silently ignored."""
+    if coordinator.replicas != 1:
+        errors.append(f"spec.coordinator.replicas: {coordinator.replicas} does not apply with colocated: true; the "
+                      "coordinator runs in every target pod, so the public API has spec.target.replicas (autoscaled)")
+    if has_resources:
+        errors.append("spec.coordinator.resources: does not apply with colocated: true; the coordinator shares the "
+                      "target container's (spec.target.resources)")
+
+
 def parse_spec(raw: Mapping[str, Any] | None, name: str | None = None) -> DeploymentSpec:
     """Validate a SpeculativeDeployment spec (and its name, if given) and fill its defaults;
     raise InvalidSpecError listing every problem."""
@@ -459,7 +472,7 @@ def parse_spec(raw: Mapping[str, Any] | None, name: str | None = None) -> Deploy
                       "shards sums in an order chosen by the batch's size)")
 
     coordinator_fields = top.child("coordinator")
-    coordinator_fields.only("replicas", "resources", "port", "httpPort", "tls", "auth")
+    coordinator_fields.only("replicas", "resources", "port", "httpPort", "tls", "auth", "colocated")
     public_tls = coordinator_fields.child("tls")
     public_tls.only("secretName")
     auth = coordinator_fields.child("auth")
@@ -471,7 +484,10 @@ def parse_spec(raw: Mapping[str, Any] | None, name: str | None = None) -> Deploy
         http_port=coordinator_fields.integer("httpPort", 8000, low=0, high=65535),
         tls_secret_name=public_tls.name("secretName") if coordinator_fields.has("tls") else None,
         auth_token_secret_name=auth.name("tokenSecretName") if coordinator_fields.has("auth") else None,
+        colocated=coordinator_fields.boolean("colocated", False),
     )
+    if coordinator.colocated:
+        _check_colocated(coordinator, coordinator_fields.has("resources"), errors)
     canary = _canary(top.child("canary")) if top.has("canary") else None
 
     scaling = top.child("autoscaling")

@@ -67,6 +67,19 @@ VALUE_SETS: dict[str, dict] = {
         "imagePullSecrets": [{"name": "registry-credentials"}],
         "canary": {"enabled": True, "model": "qwen2.5-coder-1.5b-instruct"},
     },
+    # The coordinator inside every target pod, with a canary draft and both monitors (its own metrics port).
+    "colocated": {
+        "coordinator": {"colocated": True},
+        "canary": {"enabled": True, "model": "qwen2.5-coder-1.5b-instruct"},
+        "monitoring": {"podMonitor": {"enabled": True}, "serviceMonitor": {"enabled": True}},
+    },
+    # Co-located with mutual TLS inside, TLS and tokens on the public API, its clients narrowed to one namespace.
+    "colocated-tls-auth": {
+        "coordinator": {"colocated": True, "tls": {"enabled": True, "secretName": "specsplit-public-tls"},
+                        "auth": {"enabled": True, "tokenSecretName": "specsplit-api-tokens"}},
+        "tls": {"enabled": True, "secretName": "specsplit-grpc-tls", "serverName": "specsplit-workers.ml.svc"},
+        "networkPolicy": {"clients": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}}}]},
+    },
     # Pools spread over zones / pinned by node affinity, with their own environment; the canary follows draft.
     "affinity-and-env": {
         "target": {"affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [

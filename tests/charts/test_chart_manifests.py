@@ -16,6 +16,7 @@ from chart_values import VALUE_SETS
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DURATION = re.compile(r"^[0-9]+(ms|s|m|h)$")
+PROMETHEUS_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
 def _crd_schemas() -> dict[tuple[str, str], tuple[dict, str]]:
@@ -54,8 +55,13 @@ def validate_prometheus_monitor(body: dict) -> None:
         assert set(expression) == {"key", "operator", "values"} and expression["operator"] == "In"
     assert spec["namespaceSelector"] == {"matchNames": [NAMESPACE]}
     for endpoint in spec[endpoints_key]:
-        assert {"port", "path", "interval"} <= set(endpoint) <= {"port", "path", "interval", "honorLabels"}
+        assert {"port", "path", "interval"} <= set(endpoint) <= {"port", "path", "interval", "honorLabels", "relabelings"}
         assert isinstance(endpoint.get("honorLabels", False), bool)
+        for relabeling in endpoint.get("relabelings", []):  # RelabelConfig, as the chart writes it
+            assert {"targetLabel"} <= set(relabeling) <= {"targetLabel", "sourceLabels", "replacement"}
+            assert PROMETHEUS_LABEL.match(relabeling["targetLabel"])
+            assert all(PROMETHEUS_LABEL.match(label) for label in relabeling.get("sourceLabels", []))
+            assert isinstance(relabeling.get("replacement", ""), str)
         assert isinstance(endpoint["port"], str) and endpoint["path"].startswith("/")
         assert DURATION.match(endpoint["interval"])
 
@@ -112,6 +118,7 @@ def test_optional_objects_appear_only_when_enabled():
     assert monitoring.count("PodMonitor") == 2 and monitoring.count("ServiceMonitor") == 1  # + the operator's
     assert "NetworkPolicy" not in kinds(VALUE_SETS["network-policy-off"])
     assert kinds(VALUE_SETS["canary-on"]).count("NetworkPolicy") == 5  # + draft-canary
+    assert kinds(VALUE_SETS["colocated"]).count("NetworkPolicy") == 4  # no coordinator pods: no policy of theirs
     assert "PersistentVolumeClaim" in kinds(VALUE_SETS["shared-model-cache-and-otel"])
     without_cr = kinds(VALUE_SETS["no-speculative-deployment"])
     assert "SpeculativeDeployment" not in without_cr and "Deployment" in without_cr

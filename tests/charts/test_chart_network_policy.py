@@ -1,6 +1,7 @@
 """The chart's NetworkPolicies, evaluated the way Kubernetes does (ingress only, as the chart sets) on the
-labels of the pods the operator actually makes: only the coordinator reaches the pools' gRPC; the coordinator's
-gRPC is public; metrics answer the operator and, when monitoring is on, the monitoring namespace."""
+labels of the pods the operator actually makes: only the coordinator reaches the pools' gRPC and round channel (the
+target pods, where they run it); the coordinator's gRPC is public; metrics answer the operator and, when monitoring
+is on, the monitoring namespace."""
 
 import dataclasses
 
@@ -8,7 +9,8 @@ import pytest
 from chart_render import NAMESPACE, of_kind, pod_templates, render
 from chart_values import VALUE_SETS
 
-GRPC, METRICS, KOPF_HEALTH = 50051, 9090, 8080
+GRPC, ROUND, METRICS, KOPF_HEALTH = 50051, 50061, 9090, 8080
+COLOCATED_GRPC, HTTP, COLOCATED_METRICS = 50050, 8000, 9091
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,14 +59,48 @@ def _pods(manifests) -> dict[str, Pod]:
     return pods
 
 
-def test_only_the_coordinator_reaches_the_pools_grpc():
+@pytest.mark.parametrize("port", [GRPC, ROUND])
+def test_only_the_coordinator_reaches_the_pools_grpc_and_round_channel(port):
     manifests = render(VALUE_SETS["canary-on"])
     policies, pods = of_kind(manifests, "NetworkPolicy"), _pods(manifests)
     for pool in ("target", "draft", "draft-canary"):
-        assert allowed(policies, pods["coordinator"], pods[pool], GRPC), pool
+        assert allowed(policies, pods["coordinator"], pods[pool], port), pool
         for source in ("target", "draft", "draft-canary", "operator", "stranger", "prometheus"):
             if source != pool:
-                assert not allowed(policies, pods[source], pods[pool], GRPC), f"{source} -> {pool}"
+                assert not allowed(policies, pods[source], pods[pool], port), f"{source} -> {pool}"
+        assert not allowed(policies, pods["coordinator"], pods[pool], port + 1), pool  # nothing beside them
+
+
+@pytest.mark.parametrize("value_set", ["colocated", "colocated-tls-auth"])
+def test_colocated_target_pods_call_the_drafts_and_serve_the_public_api(value_set):
+    """Co-located, the coordinators are the target pods: they alone reach the drafts' gRPC and round channel, no pod
+    reaches the targets' worker ports, and the targets' public API answers the clients the coordinator would."""
+    values = VALUE_SETS[value_set]
+    manifests = render(values)
+    policies, pods = of_kind(manifests, "NetworkPolicy"), _pods(manifests)
+    assert "coordinator" not in pods
+    assert not [p for p in policies if p["metadata"]["name"].endswith("-coordinator")]
+    client = Pod("apps", {"app": "web"})
+    drafts = [pool for pool in ("draft", "draft-canary") if pool in pods]
+    for port in (GRPC, ROUND):
+        for pool in drafts:
+            assert allowed(policies, pods["target"], pods[pool], port), pool
+            for source in ("draft", "draft-canary", "operator", "stranger", "prometheus"):
+                if source != pool and source in pods:
+                    assert not allowed(policies, pods[source], pods[pool], port), f"{source} -> {pool}"
+        for source in ("target", "draft", "operator", "stranger", "prometheus"):
+            assert not allowed(policies, pods[source], pods["target"], port), f"{source} -> target"
+        assert not allowed(policies, client, pods["target"], port)
+    narrowed = bool(values.get("networkPolicy", {}).get("clients"))
+    for port in (COLOCATED_GRPC, HTTP):
+        assert allowed(policies, client, pods["target"], port), port
+        assert allowed(policies, pods["stranger"], pods["target"], port) is not narrowed, port
+    monitoring = values.get("monitoring", {}).get("podMonitor", {}).get("enabled", False)
+    for port in (METRICS, COLOCATED_METRICS):
+        assert allowed(policies, pods["operator"], pods["target"], port), port
+        assert allowed(policies, pods["prometheus"], pods["target"], port) is monitoring, port
+        assert not allowed(policies, pods["stranger"], pods["target"], port), port
+    assert not allowed(policies, pods["operator"], pods["draft"], COLOCATED_METRICS)  # only the targets run one
 
 
 def test_the_coordinator_serves_every_client():

@@ -51,25 +51,43 @@ def test_operator_built_deployments_are_valid_for_kubernetes(value_set):
         kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
 
 
+def _colocated(values: dict, component: str) -> bool:
+    """A target pod that also runs the coordinator (coordinator.colocated)."""
+    return component == "target" and values.get("coordinator", {}).get("colocated", False)
+
+
 def _serves_tls(values: dict, component: str) -> bool:
-    if component == "coordinator":
+    """Whether the probed port serves TLS: the public one's (coordinator.tls) where the coordinator runs."""
+    if component == "coordinator" or _colocated(values, component):
         return values.get("coordinator", {}).get("tls", {}).get("enabled", False)
     return values.get("tls", {}).get("enabled", False)
 
 
 @pytest.mark.parametrize("value_set", [name for name in VALUE_SETS if name != "no-speculative-deployment"])
 def test_worker_pods_are_probed_over_grpc_health_or_tcp_under_tls(value_set):
-    """Kubernetes' grpc probe speaks plaintext only: a port serving TLS is probed by a TCP connect instead."""
-    for name, template in pod_templates(render(VALUE_SETS[value_set])).items():
-        if _component(template) not in WORKERS:
+    """Kubernetes' grpc probe speaks plaintext only: a port serving TLS is probed by a TCP connect instead. A pod
+    running a coordinator is probed on its public port (it takes clients once that serves)."""
+    values = VALUE_SETS[value_set]
+    for name, template in pod_templates(render(values)).items():
+        component = _component(template)
+        if component not in WORKERS:
             continue
         (container,) = template["spec"]["containers"]
-        handler = "tcpSocket" if _serves_tls(VALUE_SETS[value_set], _component(template)) else "grpc"
+        handler = "tcpSocket" if _serves_tls(values, component) else "grpc"
+        port = 50050 if _colocated(values, component) else 50051
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            assert container[probe][handler] == {"port": 50051}, f"{name}: {probe}"
+            assert container[probe][handler] == {"port": port}, f"{name}: {probe}"
             assert {"grpc", "tcpSocket"} & set(container[probe]) == {handler}, f"{name}: {probe}"
-        http = {"http": 8000} if _component(template) == "coordinator" else {}  # the OpenAI-compatible API
-        assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"grpc": 50051, "metrics": 9090, **http}
+        if component == "coordinator":  # the OpenAI-compatible API beside gRPC
+            expected = {"grpc": 50051, "metrics": 9090, "http": 8000}
+        else:  # every worker takes rounds on its round channel too; a co-located target serves the coordinator's
+            expected = {"grpc": 50051, "metrics": 9090, "round": 50061}
+            if _colocated(values, component):
+                expected |= {"coord-grpc": 50050, "http": 8000, "coord-metrics": 9091}
+        assert {p["name"]: p["containerPort"] for p in container["ports"]} == expected, name
+        assert ("--round-port" in container["command"]) is (component != "coordinator"), name
+        if component != "coordinator":
+            assert _args(container)["--round-port"] == "50061", name
 
 
 def _by_component(value_set: str) -> dict[str, dict]:

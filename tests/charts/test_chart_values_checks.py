@@ -42,11 +42,16 @@ SCHEMA_REJECTIONS = {
     "TLS secret name not a name": ({"tls": {"enabled": True, "secretName": "Grpc_TLS"}},
                                    "at '/tls/secretName': 'Grpc_TLS' does not match pattern"),
     "pull secret without a name": ({"imagePullSecrets": [{}]}, "at '/imagePullSecrets/0': missing property 'name'"),
+    "co-located not a boolean": ({"coordinator": {"colocated": "yes"}},
+                                 "at '/coordinator/colocated': got string, want boolean"),
 }
 
 TEMPLATE_REJECTIONS = {
     "min above max": ({"target": {"replicas": {"min": 5, "max": 2}}},
                       "target.replicas.min (5) must not exceed target.replicas.max (2)"),
+    "co-located with more coordinators": ({"coordinator": {"colocated": True, "replicas": 3}},
+                                          "coordinator.replicas (3) does not apply with coordinator.colocated: the "
+                                          "coordinator runs in every target pod, so the public API has target.replicas"),
     "fewer GPUs than shards": ({"target": {"tensorParallelSize": 4}},
                                "target.tensorParallelSize (4) needs one GPU per shard: set nvidia.com/gpu to at "
                                "least 4 in target.resources.limits"),

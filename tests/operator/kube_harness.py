@@ -205,14 +205,17 @@ class Cluster:
         return await self.create("sd", {"apiVersion": naming.API_VERSION, "kind": naming.KIND,
                                         "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec})
 
-    async def add_pod(self, instance: str, component: str, index: int, port: int, ip: str = "127.0.0.1") -> None:
-        """What the Deployment controller and kubelet would do: a Running pod with an IP and a metrics port."""
+    async def add_pod(self, instance: str, component: str, index: int, port: int, ip: str = "127.0.0.1",
+                      other_ports: dict[str, int] | None = None) -> None:
+        """What the Deployment controller and kubelet would do: a Running pod with an IP and a metrics port (and
+        `other_ports`, by name: a co-located coordinator's `coord-metrics`)."""
+        ports = [{"name": "metrics", "containerPort": port}]
+        ports += [{"name": name, "containerPort": number} for name, number in (other_ports or {}).items()]
         await self.create("pod", {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": f"{instance}-{component}-{index}", "namespace": NAMESPACE,
                          "labels": naming.labels(instance, component)},
-            "spec": {"containers": [{"name": component, "image": "x",
-                                     "ports": [{"name": "metrics", "containerPort": port}]}]},
+            "spec": {"containers": [{"name": component, "image": "x", "ports": ports}]},
             "status": {"phase": "Running", "podIP": ip},
         })
 

@@ -137,3 +137,39 @@ async def test_worse_canary_is_rolled_back(operator: RunningOperator, cluster: C
 
 async def _absent(cluster: Cluster, kind: str, name: str) -> bool:
     return await cluster.get(kind, name) is None
+
+
+async def test_colocated_coordinators_report_from_the_target_pods(operator: RunningOperator, cluster: Cluster,
+                                                                  replay: ReplayServer) -> None:
+    """Co-located, the coordinators are the target pods: /v1/canary comes from their `coord-metrics` port, while the
+    target pool still scales on the target's own metrics port of the same pods."""
+    spec = base_spec(coordinator={"colocated": True}, canary={"model": CANARY_MODEL, "weight": 10, "promotion": {
+        "metric": "acceptanceRate", "confidence": 0.95, "minRequests": 100, "stepPercent": 20, "maxWeight": 50,
+        "intervalSeconds": 5}})
+    await cluster.create_deployment_resource("coder", spec)
+    [first] = await eventually(lambda: operator.decisions_at("canary", operator.clock.now))
+    assert first.code == "WaitingForRequests"  # no pod yet
+    await eventually(lambda: operator.decisions_at("target", operator.clock.now))
+    assert await cluster.get("deploy", "coder-coordinator") is None
+
+    target_metrics, coordinator_metrics = await replay.start(pods=2)
+    replay.metrics[target_metrics] = replay.recording("target_busy")
+    replay.canary[coordinator_metrics] = {"variants": [
+        variant("stable", 90, 900, 18000, 12600, 40.0, (39.0, 41.0)),
+        variant("canary", 10, 110, 2200, 1550, 40.0, (38.0, 42.0))]}
+    await cluster.add_pod("coder", "target", 0, target_metrics, other_ports={"coord-metrics": coordinator_metrics})
+
+    now = operator.clock.advance(10)  # both timers are due
+    [decision] = await eventually(lambda: operator.decisions_at("canary", now))
+    assert (decision.action, decision.weight) == ("step-up", 30)
+    [scaling] = await eventually(lambda: operator.decisions_at("target", now))
+    assert scaling.replicas == 3 and "verifyQueueDepth=12" in scaling.reason
+    await canary_status(cluster, weight=30, lastDecision="step-up")
+
+    async def stepped_up() -> bool:
+        return [v["weight"] for v in await variants_file(cluster)] == [70, 30]
+    await eventually(stepped_up)
+    target = await cluster.get("deploy", "coder-target")
+    assert {"name": "config", "mountPath": "/etc/specsplit/config", "readOnly": True} in \
+        target["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]  # the file the coordinators read
+    assert replay.hits[coordinator_metrics] >= 1 and replay.hits[target_metrics] >= 1

@@ -54,11 +54,11 @@ async def test_create_builds_every_object_owned_and_labelled(operator: RunningOp
 
     target, draft, coordinator = [await cluster.get("deploy", f"coder-{c}") for c in ("target", "draft", "coordinator")]
     assert command(target) == ["specsplit", "target", "--model", "qwen2.5-coder-1.5b-instruct",
-                               "--port", "50051", "--metrics-port", "9090", "--metrics-host", "0.0.0.0",
-                               "--allow-unauthenticated"]
+                               "--port", "50051", "--round-port", "50061", "--metrics-port", "9090",
+                               "--metrics-host", "0.0.0.0", "--allow-unauthenticated"]
     assert command(draft) == ["specsplit", "draft", "--model", "qwen2.5-coder-0.5b-instruct",
-                              "--port", "50051", "--metrics-port", "9090", "--metrics-host", "0.0.0.0",
-                              "--allow-unauthenticated"]
+                              "--port", "50051", "--round-port", "50061", "--metrics-port", "9090",
+                              "--metrics-host", "0.0.0.0", "--allow-unauthenticated"]
     assert command(coordinator) == ["specsplit", "coordinator", "--target", "coder-target:50051",
                                     "--draft-variants-file", "/etc/specsplit/config/draft-variants.json",
                                     "--port", "50051", "--metrics-port", "9090", "--metrics-host", "0.0.0.0",
@@ -212,3 +212,45 @@ async def test_operator_joins_the_peering(operator: RunningOperator, cluster: Cl
     status = await eventually(peers)
     [peer] = status.values()
     assert peer["priority"] == 100
+
+
+async def test_colocated_mode_runs_the_coordinator_in_the_target_pods_and_switches(
+        operator: RunningOperator, cluster: Cluster) -> None:
+    """coordinator.colocated: no coordinator Deployment, the public Service on the target pods, the mode and the
+    public API's replicas (the target pool's) in status; switching back and forth adds and removes the Deployment."""
+    await cluster.create_deployment_resource("coder", base_spec(coordinator={"colocated": True}))
+    resource = await converged(cluster)
+    assert await cluster.get("deploy", "coder-coordinator") is None
+    target = command(await cluster.get("deploy", "coder-target"))
+    assert target[:4] == ["specsplit", "target", "--model", "qwen2.5-coder-1.5b-instruct"]
+    assert target[target.index("--coordinate"):] == [
+        "--coordinate", "--coordinator-port", "50050", "--coordinator-metrics-port", "9091",
+        "--draft-variants-file", "/etc/specsplit/config/draft-variants.json", "--http-port", "8000",
+        "--num-speculative-tokens", "5"]
+    service = (await cluster.get("svc", "coder"))["spec"]
+    assert service["selector"] == naming.selector("coder", "target")
+    assert {p["name"]: p["targetPort"] for p in service["ports"]} == {
+        "grpc": "coord-grpc", "http": "http", "metrics": "coord-metrics"}
+    assert resource["status"]["coordinator"] == {"mode": "Colocated", "desiredReplicas": 1, "readyReplicas": 0}
+
+    # A coordinator count does not apply here: refused, and what runs stays as it is.
+    await cluster.patch("sd", "coder", {"spec": {"coordinator": {"replicas": 3}}})
+    resource = await converged(cluster, generation=2)
+    assert "spec.coordinator.replicas: 3 does not apply with colocated: true" in \
+        condition(resource, "InvalidSpec")["message"]
+    assert await cluster.get("deploy", "coder-coordinator") is None
+
+    await cluster.patch("sd", "coder", {"spec": {"coordinator": {"colocated": False}}})
+    resource = await converged(cluster, generation=3)
+    coordinator = await cluster.get("deploy", "coder-coordinator")
+    assert coordinator["spec"]["replicas"] == 3 and command(coordinator)[:2] == ["specsplit", "coordinator"]
+    assert "--coordinate" not in command(await cluster.get("deploy", "coder-target"))
+    assert (await cluster.get("svc", "coder"))["spec"]["selector"] == naming.selector("coder", "coordinator")
+    assert resource["status"]["coordinator"] == {"mode": "Separate", "desiredReplicas": 3, "readyReplicas": 0}
+
+    await cluster.patch("sd", "coder", {"spec": {"coordinator": {"colocated": True, "replicas": 1}}})
+    resource = await converged(cluster, generation=4)
+    assert await cluster.get("deploy", "coder-coordinator") is None
+    assert resource["status"]["coordinator"]["mode"] == "Colocated"
+    removed = await eventually(lambda: cluster.events("Removed"))
+    assert "Deployment coder-coordinator" in removed[-1]["message"]

@@ -66,14 +66,14 @@ def test_objects_are_valid_kubernetes() -> None:
 def test_pod_commands_follow_the_cli_contract() -> None:
     built = objects()
     assert container(built[("Deployment", "coder-target")])["command"] == [
-        "specsplit", "target", "--model", "qwen2.5-coder-7b-instruct", "--port", "50051", "--metrics-port", "9090",
-        "--metrics-host", "0.0.0.0", "--tensor-parallel-size", "2", "--allow-unauthenticated"]
+        "specsplit", "target", "--model", "qwen2.5-coder-7b-instruct", "--port", "50051", "--round-port", "50061",
+        "--metrics-port", "9090", "--metrics-host", "0.0.0.0", "--tensor-parallel-size", "2", "--allow-unauthenticated"]
     assert container(built[("Deployment", "coder-draft")])["command"] == [
-        "specsplit", "draft", "--model", "qwen2.5-coder-0.5b-instruct", "--port", "50051", "--metrics-port", "9090",
-        "--metrics-host", "0.0.0.0", "--allow-unauthenticated"]
+        "specsplit", "draft", "--model", "qwen2.5-coder-0.5b-instruct", "--port", "50051", "--round-port", "50061",
+        "--metrics-port", "9090", "--metrics-host", "0.0.0.0", "--allow-unauthenticated"]
     assert container(built[("Deployment", "coder-draft-canary")])["command"] == [
-        "specsplit", "draft", "--model", "draft-v2", "--port", "50051", "--metrics-port", "9090",
-        "--metrics-host", "0.0.0.0", "--allow-unauthenticated"]
+        "specsplit", "draft", "--model", "draft-v2", "--port", "50051", "--round-port", "50061",
+        "--metrics-port", "9090", "--metrics-host", "0.0.0.0", "--allow-unauthenticated"]
     assert container(built[("Deployment", "coder-coordinator")])["command"] == [
         "specsplit", "coordinator", "--target", "coder-target:50051",
         "--draft-variants-file", "/etc/specsplit/config/draft-variants.json",
@@ -142,6 +142,9 @@ def test_pods_are_locked_down_probed_and_cache_models(component: str) -> None:
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert main[probe]["grpc"] == {"port": 50051}
     assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in main["ports"]
+    # Workers take the round's calls on their round channel too; a coordinator serves none.
+    round_channel = {"name": "round", "containerPort": 50061, "protocol": "TCP"}
+    assert (round_channel in main["ports"]) is (component != "coordinator")
     mounts = {mount["mountPath"]: mount["name"] for mount in main["volumeMounts"]}
     assert mounts["/tmp"] == "tmp" and mounts["/models"] == "models"
     env = {item["name"]: item.get("value") for item in main["env"]}

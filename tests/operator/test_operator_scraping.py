@@ -27,6 +27,17 @@ def test_only_running_matching_pods_with_an_ip_are_scraped_on_their_metrics_port
     assert [(e.name, e.url) for e in endpoints] == [("a", "http://10.0.0.7:9191/metrics")]
 
 
+def test_a_co_located_coordinator_is_read_on_its_own_port_of_the_target_pods() -> None:
+    both = pod("a", "target", port=9090)
+    both["spec"]["containers"][0]["ports"].append({"name": "coord-metrics", "containerPort": 9091})
+    selector = naming.selector("coder", "target")
+    assert [e.url for e in ready_endpoints([both], selector, "/metrics")] == ["http://10.0.0.7:9090/metrics"]
+    coordinator = ready_endpoints([both], selector, "/v1/canary", "coord-metrics", naming.COLOCATED_METRICS_PORT)
+    assert [e.url for e in coordinator] == ["http://10.0.0.7:9091/v1/canary"]
+    without = ready_endpoints([pod("b", "target")], selector, "/v1/canary", "coord-metrics", 9091)
+    assert [e.url for e in without] == ["http://10.0.0.7:9091/v1/canary"]  # unnamed: the port the operator sets
+
+
 def test_a_recorded_scrape_yields_the_roles_gauges_and_stage_histogram() -> None:
     sample = parse_pod_sample("p", ReplayServer.recording("target_busy"), "target")
     assert (sample.kv_blocks_used, sample.kv_blocks_total, sample.queue_depth) == (950, 1000, 12)

@@ -293,3 +293,33 @@ def test_batch_invariance_is_off_unless_set() -> None:
     assert spec_schema["properties"]["batchInvariant"]["default"] is False
     assert any("batchInvariant" in rule["rule"] for rule in spec_schema["x-kubernetes-validations"])
     jsonschema.Draft4Validator(spec_schema).validate({**MINIMAL, "batchInvariant": True})
+
+
+def test_colocated_coordinator_is_off_unless_set_and_refuses_what_would_not_apply() -> None:
+    assert parse_spec(MINIMAL).coordinator.colocated is False
+    spec = parse_spec({**MINIMAL, "coordinator": {"colocated": True, "port": 8443, "httpPort": 0}})
+    assert spec.coordinator.colocated is True and (spec.coordinator.port, spec.coordinator.http_port) == (8443, 0)
+    assert parse_spec({**MINIMAL, "coordinator": {"colocated": True, "replicas": 1}}).coordinator.colocated
+    errors = errors_of({**MINIMAL, "coordinator": {"colocated": True, "replicas": 2,
+                                                    "resources": {"requests": {"cpu": "1"}}}})
+    assert errors == [
+        "spec.coordinator.replicas: 2 does not apply with colocated: true; the coordinator runs in every target pod, "
+        "so the public API has spec.target.replicas (autoscaled)",
+        "spec.coordinator.resources: does not apply with colocated: true; the coordinator shares the target "
+        "container's (spec.target.resources)"]
+    assert errors_of({**MINIMAL, "coordinator": {"colocated": "yes"}}) == [
+        "spec.coordinator.colocated: must be true or false"]
+    # The same without co-location is fine.
+    parse_spec({**MINIMAL, "coordinator": {"replicas": 2, "resources": {"requests": {"cpu": "1"}}}})
+    coordinator_schema = schema()["properties"]["spec"]["properties"]["coordinator"]
+    assert coordinator_schema["properties"]["colocated"] == {**coordinator_schema["properties"]["colocated"],
+                                                             "type": "boolean", "default": False}
+    assert any("colocated" in rule["rule"] and "replicas" in rule["rule"] and "resources" in rule["rule"]
+               for rule in coordinator_schema["x-kubernetes-validations"])
+    jsonschema.Draft4Validator(schema()["properties"]["spec"]).validate(
+        {**MINIMAL, "coordinator": {"colocated": True}})
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft4Validator(schema()["properties"]["spec"]).validate(
+            {**MINIMAL, "coordinator": {"colocated": "yes"}})
+    status = schema()["properties"]["status"]["properties"]["coordinator"]["properties"]
+    assert status["mode"]["enum"] == ["Separate", "Colocated"]

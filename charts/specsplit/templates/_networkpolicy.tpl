@@ -22,11 +22,38 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
 {{/*
-A worker pool's NetworkPolicy: its gRPC port answers only the coordinator of the same SpeculativeDeployment,
-its metrics port only the metrics peers. Takes (dict "ctx" $ "component" NAME).
+Ingress rules of the public API (gRPC on `grpcPort`, the OpenAI HTTP API on 8000): open to every client unless
+networkPolicy.clients narrows it. Takes (dict "ctx" $ "grpcPort" PORT).
+*/}}
+{{- define "specsplit.networkPolicy.publicApi" -}}
+- ports:
+    - port: {{ .grpcPort }}
+      protocol: TCP
+  {{- with .ctx.Values.networkPolicy.clients }}
+  from:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- if .ctx.Values.coordinator.httpPort }}
+- ports:
+    - port: 8000
+      protocol: TCP
+  {{- with .ctx.Values.networkPolicy.clients }}
+  from:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+A worker pool's NetworkPolicy: its gRPC and round-channel ports answer only the coordinators of the same
+SpeculativeDeployment (their own pods, or with coordinator.colocated the target pods), its metrics port only the
+metrics peers. Co-located, the target pods answer the public API instead: no other pod calls their worker ports.
+Takes (dict "ctx" $ "component" NAME).
 */}}
 {{- define "specsplit.networkPolicy.worker" -}}
 {{- $ctx := .ctx }}
+{{- $colocated := $ctx.Values.coordinator.colocated }}
+{{- $servesPublicApi := and $colocated (eq .component "target") }}
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata:
@@ -42,16 +69,26 @@ spec:
   policyTypes:
     - Ingress
   ingress:
+    {{- if $servesPublicApi }}
+    {{- include "specsplit.networkPolicy.publicApi" (dict "ctx" $ctx "grpcPort" 50050) | nindent 4 }}
+    {{- else }}
     - from:
         - podSelector:
             matchLabels:
-              {{- include "specsplit.component.selectorLabels" (dict "ctx" $ctx "component" "coordinator") | nindent 14 }}
+              {{- include "specsplit.component.selectorLabels" (dict "ctx" $ctx "component" ($colocated | ternary "target" "coordinator")) | nindent 14 }}
       ports:
         - port: 50051
           protocol: TCP
+        - port: 50061
+          protocol: TCP
+    {{- end }}
     - from:
         {{- include "specsplit.networkPolicy.metricsPeers" $ctx | nindent 8 }}
       ports:
         - port: 9090
           protocol: TCP
+        {{- if $servesPublicApi }}
+        - port: 9091
+          protocol: TCP
+        {{- end }}
 {{- end }}
