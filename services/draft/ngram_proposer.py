@@ -15,7 +15,7 @@ propose (with the same `cached_len`/`delta` protocol), release; `kind` tells the
 import time
 from dataclasses import dataclass, field
 
-import torch
+import numpy as np
 
 from specsplit.services.draft.proposer import DraftPrefill, Proposal, ProposeItem
 from specsplit.services.errors import InvalidArgument
@@ -97,8 +97,8 @@ class NgramProposer:
                     self._rewind(sequence, item.cached_len)
                 self._append(sequence, item.delta)
                 tokens = self.lookup(sequence, item.k)
-                ids = torch.tensor(tokens, dtype=torch.int64).reshape(len(tokens), 1)
-                results.append(Proposal(tokens, ids, torch.ones(len(tokens), 1), len(sequence.tokens)))
+                ids = np.array(tokens, dtype=np.int64).reshape(len(tokens), 1)  # q is one-hot: support 1
+                results.append(Proposal(tokens, ids, np.ones((len(tokens), 1), dtype=np.float32), len(sequence.tokens)))
             except Exception as error:
                 results.append(error)
         return results

@@ -50,8 +50,8 @@ class ProposeItem:
 @dataclass
 class Proposal:
     token_ids: list[int]   # d_1..d_k' (k' < k only if KV ran out mid-way)
-    q_token_ids: torch.Tensor  # [k', K] int64: support of each q_i (numpy when it came over the wire)
-    q_probs: torch.Tensor      # [k', K] float32 (likewise)
+    q_token_ids: np.ndarray    # [k', K] int64: support of each q_i
+    q_probs: np.ndarray        # [k', K] float32
     num_cached: int        # tokens now in the draft's KV (committed + d_1..d_{k'-1})
 
 
@@ -132,9 +132,10 @@ class DraftProposer:
 
         out = packed.reshape(-1, steps, 1 + 2 * support)[: len(batch)]
         tokens = out[:, :, 0].tolist()
-        # The whole batch's q as two tensors; each sequence gets views of its rows.
-        q_ids = torch.from_numpy(out[:, :, 1 : 1 + support].astype(np.int64))
-        q_probs = torch.from_numpy(np.ascontiguousarray(out[:, :, 1 + support :]).view(np.float32))
+        # The whole batch's q as two arrays; each sequence gets views of its rows (numpy, as the wire carries them:
+        # no torch call per sequence on the way out).
+        q_ids = out[:, :, 1 : 1 + support].astype(np.int64)
+        q_probs = np.ascontiguousarray(out[:, :, 1 + support :]).view(np.float32)
         for b, (i, sequence, k, _) in enumerate(batch):
             width = 1 if sequence.sampling.greedy else support  # greedy: q is the one-hot it is, one entry
             results[i] = Proposal(tokens[b][:k], q_ids[b, :k, :width], q_probs[b, :k, :width],

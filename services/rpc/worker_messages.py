@@ -206,6 +206,16 @@ def _q_rows(id_bytes: bytes, prob_bytes: bytes, counts: list[int], supports: lis
         raise InvalidArgument(f"q must hold {total} entries of 4 bytes; got {len(id_bytes)} and {len(prob_bytes)} bytes")
     ids = np.frombuffer(id_bytes, dtype="<i4").astype(np.int64)
     probs = np.frombuffer(prob_bytes, dtype="<f4")
+    widths = set(supports)
+    if len(widths) == 1 and total:  # one support for every sequence (the usual batch): slice rows of one matrix
+        width = max(widths.pop(), 1)
+        id_rows, prob_rows = ids.reshape(-1, width), probs.reshape(-1, width)
+        out_ids, out_probs, row = [], [], 0
+        for count in counts:
+            out_ids.append(id_rows[row : row + count] if count else None)
+            out_probs.append(prob_rows[row : row + count] if count else None)
+            row += count
+        return out_ids, out_probs
     out_ids, out_probs, start = [], [], 0
     for size, count, support in zip(sizes, counts, supports):
         if count:
