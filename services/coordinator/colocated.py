@@ -20,10 +20,11 @@ INLINE_BATCH = 1  # the largest verification run on the coordinator's own thread
 
 class ColocatedTargetClient:
     """The target replica of this process, as the coordinator's TargetClient: calls go to its step batcher under this
-    coordinator's id (the handles live in the same namespace as over gRPC). No deadline applies (nothing to hang
-    on but this process itself), so it has no `describe`."""
+    coordinator's id (the handles live in the same namespace as over gRPC). Marked down after a failed step, it is
+    probed back like a remote replica (`describe`)."""
 
     concurrent = True  # the draft's own process and device keep working while the target verifies
+    in_process = True  # no deadline (nothing to hang on but this process itself)
 
     def __init__(self, service, name: str):
         self.service = service
@@ -32,6 +33,11 @@ class ColocatedTargetClient:
                                 service.batcher)
         self.vocab_size = self.info.vocab_size
         self.max_model_len = self.info.max_model_len
+
+    async def describe(self):
+        """Whether the target serves: its step thread answers (a probe of a replica marked down)."""
+        await self.service.batcher.submit("release", [])
+        return self.info
 
     async def prefill(self, items):
         return await self.service.batcher.submit("prefill", bind_handles(list(items), COORDINATOR_ID))

@@ -681,7 +681,7 @@ class Coordinator:
 
     async def _call(self, client, method: str, items: list, sequences: list[SequenceState]):
         """One batched worker call; a failure of the whole call becomes that error for each of its sequences."""
-        self._waited |= hasattr(client, "describe")  # a call to another process: the loop turns while it waits
+        self._waited |= not getattr(client, "in_process", False)  # another process's: the loop turns while it waits
         try:
             with self.telemetry.worker_call(client, method, items, sequences) as call:
                 results = call.results = await self.health.call(client, method, items)

@@ -28,7 +28,7 @@ class ReplicaHealth:
 
     async def call(self, client, method: str, items: list):
         """`client.<method>(items)` within the replica's deadline; a late call raises Unavailable."""
-        if not hasattr(client, "describe"):  # in process: its calls run on this loop, so no deadline could fire
+        if getattr(client, "in_process", False):  # its calls run in this process: no deadline could fire in time
             return await getattr(client, method)(items)
         size = call_size(items)
         deadline = self.deadlines.deadline(client.name, method, size)

@@ -33,6 +33,7 @@ class TargetClient(Protocol):
 
 class LocalDraftClient:
     concurrent = False  # its calls run on the event loop's thread: nothing else runs meanwhile (no overlap to gain)
+    in_process = True   # no deadline applies, and a call never lets the loop turn
 
     def __init__(self, proposer: DraftProposer, name: str = "local-draft"):
         self.proposer = proposer
@@ -53,6 +54,7 @@ class LocalDraftClient:
 
 class LocalTargetClient:
     concurrent = False
+    in_process = True
 
     def __init__(self, verifier: TargetVerifier, name: str = "local-target"):
         self.verifier = verifier
