@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 import torch  # noqa: E402
 
 from bench_common import print_table, write_results  # noqa: E402
+from specsplit.services.rpc.step_batcher import LONE_CALLER_SECONDS  # noqa: E402
 
 STAGES = [  # (name, from mark, to mark): consecutive marks of one round; a worker's marks lie inside its call
     ("coordinator_build_propose", "round.start", "propose.built"),
@@ -201,6 +202,9 @@ def services_rows(args, modes: list[str], target_dir, draft_dir, batches, ks, al
                     started.append(coordinator)
             try:
                 for mode in modes:
+                    # The workers serve every mode's coordinator: let the last one's calls age out, so this one is
+                    # its workers' lone caller (rpc/step_batcher.py), as a one-coordinator deployment is.
+                    time.sleep(LONE_CALLER_SECONDS + 0.2)
                     with Client(addresses[mode], timeout=1200) as client:
                         for batch in batches:  # warm-up: graphs of every shape, the auto policy's measurements
                             for k in ks:
