@@ -75,7 +75,6 @@ def build_models(args, root: Path):
     """-> (target folder, draft folder, in-process target, in-process draft): the services load the folders, the
     one-process engine gets the same weights."""
     if args.device == "cpu":
-        from specsplit.services.models.loader import load_model
         from tiny_models import build_model, perturbed_copy, save_model
 
         target = build_model("qwen2", seed=0)
@@ -397,7 +396,7 @@ def main() -> None:
         if "breakdown_ms" in row:
             print(row["label"], row["mode"], row["alpha"], row["batch"], row["k"], json.dumps(row["breakdown_ms"]))
     path = write_results(args.name, rows, {
-        "models": (f"tiny random-weight qwen2 pair (close draft), float32, CPU, one torch thread per process"
+        "models": ("tiny random-weight qwen2 pair (close draft), float32, CPU, one torch thread per process"
                    if args.device == "cpu" else f"random-weight Qwen2.5 {args.target} target on {args.devices[0]}, "
                    f"{args.draft} draft on {args.devices[1]} (one process: both on {args.devices[0]}), bf16"),
         "acceptance": "synthetic (NOT lossless) where alpha is set" if args.alphas else "real (greedy)",
