@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 import torch  # noqa: E402
 
 from bench_common import print_table, write_results  # noqa: E402
+from bench_gpu_e2e import stop_processes  # noqa: E402
 from specsplit.services.rpc.step_batcher import LONE_CALLER_SECONDS  # noqa: E402
 
 STAGES = [  # (name, from mark, to mark): consecutive marks of one round; a worker's marks lie inside its call
@@ -217,9 +218,9 @@ def services_rows(args, modes: list[str], target_dir, draft_dir, batches, ks, al
                                 windows[(mode, alpha, batch, k)] = median.pop("window")
                                 out[(mode, alpha, batch, k)] = median
             finally:
-                _stop(started)
+                stop_processes(started)
     finally:
-        _stop(procs)
+        stop_processes(procs)
     return out, windows
 
 
@@ -244,16 +245,6 @@ def _run_client(client, args, batch: int, k: int, warm_up: bool = False) -> dict
         elapsed = time.perf_counter() - start
         ended_ns = time.monotonic_ns()
     return {**_summary(elapsed, [r for r, _ in results], [p for _, p in results]), "window": (started_ns, ended_ns)}
-
-
-def _stop(procs) -> None:
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=30)
-        except Exception:
-            p.kill()
 
 
 def _summary(elapsed: float, results: list[tuple], pre_proposed: list[int]) -> dict:

@@ -4,17 +4,14 @@ The proposer is a draft model (proposer.py) or the n-gram proposer (ngram_propos
 same calls, and Describe says which kind serves (`proposer`), so the coordinator's metrics can tell them apart.
 """
 
-import grpc
-
 from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
 from specsplit.services.draft.proposer import DraftProposer
-from specsplit.services.errors import InvalidArgument
 from specsplit.services.rpc import worker_messages as msg
 from specsplit.services.rpc.invalid_items import valid_items_only
+from specsplit.services.rpc.round_calls import RoundCalls
 from specsplit.services.rpc.worker_credentials import bind_handles, caller_owner, owned_handles
 from specsplit.services.rpc.step_batcher import StepBatcher
 from specsplit.services.rpc.worker_info import worker_info
-from specsplit.services.telemetry import round_timeline
 from specsplit.services.telemetry.worker_telemetry import WorkerTelemetry
 
 
@@ -35,6 +32,8 @@ class DraftService(worker_pb2_grpc.DraftWorkerServicer):
             name="draft",
         )
         self.telemetry.watch(self.batcher)
+        self.round = RoundCalls("draft", "propose", worker_pb2.ProposeRequest, msg.propose_items, msg.propose_response,
+                                self.batcher, self.telemetry)
 
     async def Prefill(self, request, context):
         items = bind_handles(msg.draft_prefill_items(request), caller_owner(context))
@@ -42,41 +41,12 @@ class DraftService(worker_pb2_grpc.DraftWorkerServicer):
         return msg.draft_prefill_response(await self.batcher.submit("prefill", items))
 
     async def Propose(self, request, context):
-        return await self._over_grpc(self.round_call(request, caller_owner(context)), context)
+        return await self.round.unary(request, context)
 
     async def ProposeStream(self, requests, context):
         """The round's calls over one long-lived stream; each request answered in order."""
-        owner = caller_owner(context)
-        async for request in requests:
-            yield await self._over_grpc(self.round_call(request, owner), context)
-
-    async def round_call(self, request, owner: str | None):
-        """One round's propose call from coordinator `owner`, whatever carried it (gRPC or the round channel,
-        rpc/round_channel.py). Raises InvalidArgument when its columns do not line up."""
-        round_timeline.mark("draft.received")
-        items = bind_handles(msg.propose_items(request), owner)
-        self.telemetry.received(items, request.traceparents)
-        round_timeline.mark("draft.unpacked")
-        results = await self.batcher.submit("propose", items, caller=owner)
-        round_timeline.mark("draft.resumed")
-        response = msg.propose_response(results)
-        round_timeline.mark("draft.answered")
-        return response
-
-    async def round_frame(self, payload: bytes, owner: str | None) -> bytes:
-        """The round channel's call: a serialized ProposeRequest in, the serialized answer out."""
-        try:
-            request = worker_pb2.ProposeRequest.FromString(payload)
-        except Exception as error:  # protobuf's DecodeError and friends: bytes that are no such message
-            raise InvalidArgument(f"the frame is not a valid ProposeRequest message ({type(error).__name__})") from None
-        return (await self.round_call(request, owner)).SerializeToString()
-
-    @staticmethod
-    async def _over_grpc(call, context):
-        try:
-            return await call
-        except InvalidArgument as error:  # columns that do not line up: the caller's bug, this call alone fails
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
+        async for response in self.round.stream(requests, context):
+            yield response
 
     async def Release(self, request, context):
         released = await self.batcher.submit("release", owned_handles(request.handles, caller_owner(context)))

@@ -159,15 +159,20 @@ def propose_response(results: list) -> worker_pb2.ProposeResponse:
         counts.append(len(r.token_ids))
         tokens += r.token_ids
         cached.append(r.num_cached)
-        if r.token_ids:
-            supports.append(r.q_token_ids.shape[1])
-            ids.append(r.q_token_ids)
-            probs.append(r.q_probs)
-        else:
-            supports.append(1)
+        _add_q(r.token_ids, r.q_token_ids, r.q_probs, supports, ids, probs)
     return worker_pb2.ProposeResponse(errors=errors, counts=counts, token_ids=tokens, supports=supports,
                                       q_token_ids=pack_ids(_concat(ids)) if ids else b"",
                                       q_probs=pack_probs(_concat(probs)) if probs else b"", num_cached=cached)
+
+
+def _add_q(tokens, q_ids, q_probs, supports: list, ids: list, probs: list) -> None:
+    """One sequence's q into the columns: its support, and its rows where it has proposals."""
+    if tokens:
+        supports.append(q_ids.shape[1])
+        ids.append(q_ids)
+        probs.append(q_probs)
+    else:
+        supports.append(1)
 
 
 def proposals(response: worker_pb2.ProposeResponse) -> list:
@@ -262,12 +267,7 @@ def verify_request(items: list[VerifyItem], traceparents: list[str] | None = Non
     """One message for the whole batch, a column per field; q of every sequence in one buffer per field."""
     ids, probs, supports = [], [], []
     for i in items:
-        if i.draft_token_ids:
-            supports.append(i.q_token_ids.shape[1])
-            ids.append(i.q_token_ids)
-            probs.append(i.q_probs)
-        else:
-            supports.append(1)
+        _add_q(i.draft_token_ids, i.q_token_ids, i.q_probs, supports, ids, probs)
     logprobs = [-1 if i.logprobs is None else i.logprobs for i in items]
     guesses = [-1 if i.bonus_guess is None else i.bonus_guess for i in items]
     return worker_pb2.VerifyRequest(

@@ -129,7 +129,7 @@ async def start_worker(role: str, model: str, host: str, port: int, lease_second
     if round_port >= 0:
         runner = getattr(service, "verifier", getattr(service, "proposer", None))
         device = getattr(getattr(runner, "runner", None), "device", None)
-        channel = RoundChannelServer(service.round_frame, check, server_ssl_context(security),
+        channel = RoundChannelServer(service.round.frame, check, server_ssl_context(security),
                                      spin=spin_wait_default(getattr(device, "type", "cpu") == "cuda"))
         service.round_port = await channel.start(host, round_port)
     print(f"specsplit {role} listening on {host}:{bound}", flush=True)
