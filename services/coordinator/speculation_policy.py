@@ -20,15 +20,18 @@ is all the choice needs, does not depend on the scale).
 Exploration. The first bucket measures plain decoding, then one proposal (the cheapest way to learn what the draft
 costs and whether it agrees), then the k predicted best from the two; a later bucket starts from the borrowed curve.
 Each bucket measures plain decoding (up to BASELINE_SAMPLES times) once it has run BASELINE_AFTER rounds (a bucket
-that only lives through a batch's last rounds never pays for it). Every k a round runs is measured, and a neighbour of the chosen k (one more, one fewer) is tried when
-predicted within EXPLORE_MARGIN of it if never measured or stale (not measured for `refresh_interval` rounds), and
-again every REMEASURE_INTERVAL rounds while it has fewer than COST_SAMPLES measurements, within a margin widened in
-proportion (one measurement can carry much interference, and a k that looks slow is never chosen to be measured
-again); so the choice climbs to the best k and follows costs that drift, at the price of a round now and then.
+that only lives through a batch's last rounds never pays for it). Every k a round runs is measured, and a neighbour
+of the chosen k (one more, one fewer) is tried when predicted within EXPLORE_MARGIN of it if never measured or stale
+(not measured for `refresh_interval` rounds), and again every REMEASURE_INTERVAL rounds while it has fewer than
+COST_SAMPLES measurements, within a margin widened in proportion (one measurement can carry much interference, and a
+k that looks slow is never chosen to be measured again); so the choice climbs to the best k and follows costs that
+drift, at the price of a round now and then.
 While k = 0 wins, a round now and then proposes one token to keep the acceptance estimate fresh: after
 `probe_interval` rounds at first, then twice as long after each probe that leaves k = 0 winning, up to
-MAX_PROBE_BACKOFF times longer (a draft that never agrees costs ever less; one that starts agreeing is noticed
-within a few hundred rounds).
+MAX_PROBE_BACKOFF times longer (a draft that never agrees costs ever less). A probe asks whether the draft has
+changed since it was switched off, which older evidence cannot answer, so its verdicts count as PROBE_WEIGHT
+proposals in the variant's rate, and one that agreed brings the next probe back to `probe_interval`: a draft that
+starts agreeing is speculating again within a few probes.
 
 What a useless draft costs while attached is paid only when speculation is likely: `worth_drafting` tells the
 coordinator whether a new sequence should have its draft KV built (its draft variant's rate makes some k > 0 win at
@@ -52,6 +55,7 @@ OPTIMISM = 1.0           # standard errors above a sequence's estimate that stil
 COST_SAMPLES = 5         # a cost is the least of this many latest measurements
 BASELINE_SAMPLES = 2     # plain-decoding measurements a bucket takes (one first where nothing is known)
 MAX_PROBE_BACKOFF = 8    # the interval between probes grows to at most this many times probe_interval
+PROBE_WEIGHT = 32.0      # proposals' worth of evidence a probe round carries in its variant's rate
 EXPLORE_MARGIN = 0.05    # an unmeasured (or stale) neighbour of the best k is tried when predicted this close to it
 REMEASURE_INTERVAL = 16  # ... and again after this many rounds while it has fewer than COST_SAMPLES measurements
 FEWER_MARGIN = 0.02      # the fewest proposals predicted within this of the best: as fast, less variance per round
@@ -152,6 +156,8 @@ class SpeculationPolicy:
         self.initial_rate = initial_rate
         self.variant_counts: dict[str, tuple[float, float]] = {}  # variant -> fading sums (tested, accepted)
         self.buckets: dict[int, BucketCosts] = {}
+        self._probing: BucketCosts | None = None  # the bucket whose round is a probe (its verdicts are being recorded)
+        self._probe_weight = PROBE_WEIGHT          # ... and the weight of each of its sequences' proposals
 
     # ---- what the coordinator reports ----------------------------------------------------------------------
 
@@ -161,10 +167,15 @@ class SpeculationPolicy:
         acceptance.accepted += accepted
         if tested:
             # Fading sums, not a running mean of each round's ratio: accepted / tested of one round is biased low
-            # (a round ends at its first rejection), the sums' ratio is not.
+            # (a round ends at its first rejection), the sums' ratio is not. A probe's proposal stands for many: it
+            # asks whether the draft has changed since it was switched off, which older evidence cannot answer.
+            weight = self._probe_weight if self._probing is not None else 1.0
             old_tested, old_accepted = self.variant_counts.get(variant, (1.0, self.initial_rate))
-            keep = max(0.0, 1.0 - tested / VARIANT_MEMORY)
-            self.variant_counts[variant] = (keep * old_tested + tested, keep * old_accepted + accepted)
+            keep = max(0.0, 1.0 - weight * tested / VARIANT_MEMORY)
+            self.variant_counts[variant] = (keep * old_tested + weight * tested,
+                                            keep * old_accepted + weight * accepted)
+            if accepted and self._probing is not None:
+                self._probing.probe_backoff = 1  # it agreed: ask again soon
 
     def record_costs(self, batch: int, k: int, propose_seconds: float, verify_seconds: float) -> None:
         costs = self.buckets.setdefault(bucket_of(batch), BucketCosts())
@@ -186,6 +197,7 @@ class SpeculationPolicy:
         """k for a round of `batch` decoding sequences; `rates`: each one's acceptance (0 for one that does not
         speculate); at most `limit` (the configured k, the requests' own caps)."""
         limit = min(limit, self.max_k)
+        self._probing = None
         if self.fixed:
             return max(limit, 0)
         bucket = bucket_of(batch)
@@ -215,6 +227,8 @@ class SpeculationPolicy:
                 return 1
         if best == 0:
             if self._at_zero(costs):
+                self._probing = costs
+                self._probe_weight = PROBE_WEIGHT / max(1, sum(isinstance(r, Estimate) for r in rates))
                 return 1  # keep the acceptance estimate alive
         else:
             costs.rounds_at_zero, costs.probe_backoff = 0, 1

@@ -5,8 +5,8 @@ import asyncio
 
 import pytest
 
-from specsplit.services.coordinator.speculation_policy import (BASELINE_AFTER, Acceptance, SpeculationPolicy,
-                                                               bucket_of, expected_tokens)
+from specsplit.services.coordinator.speculation_policy import (BASELINE_AFTER, MAX_PROBE_BACKOFF, Acceptance,
+                                                               SpeculationPolicy, bucket_of, expected_tokens)
 from specsplit.services.local_engine import LocalEngine
 from specsplit.services.sampling_params import SamplingParams
 from tiny_models import byte_tokenizer
@@ -180,3 +180,29 @@ def test_a_lower_cap_interpolates_rather_than_measuring_its_own():
     measured(policy, decode=0.010, verify=0.011, propose_per_k=0.002)
     assert [policy.choose([0.0], 1, limit) for limit in (3, 2, 1)] == [0, 0, 0]
     assert policy.choose([0.95], 1, 2) == 2  # and a good draft still speculates up to its cap
+
+
+def test_a_switched_off_draft_that_starts_agreeing_speculates_again_within_a_few_probes():
+    policy = SpeculationPolicy(8, probe_interval=8)
+    cost = lambda k: 0.010 + 0.0005 * k + (0.001 * k + 0.0002 if k else 0.0)  # noqa: E731
+
+    def requests(n, agrees: bool) -> list[int]:
+        """n requests of 50 rounds each, one at a time."""
+        picks = []
+        for _ in range(n):
+            own = Acceptance()
+            for _ in range(50):
+                k = policy.choose([policy.rate(own, "d")], 1, 8)
+                picks.append(k)
+                if k:
+                    policy.record_acceptance(own, "d", k, k if agrees else 0)
+                policy.record_costs(1, k, cost(k) - cost(0) if k else 0.0, cost(0) + 0.0005 * k)
+        return picks
+
+    requests(8, agrees=False)
+    assert policy.variant_rate("d") < 0.05
+    assert not policy.worth_drafting("d", 1)
+    picks = requests(4, agrees=True)
+    first = next(i for i, k in enumerate(picks) if k > 1)
+    assert first < 8 * MAX_PROBE_BACKOFF + 30, picks  # the next probe agreed, and a few rounds later
+    assert picks[-20:].count(0) == 0 and policy.worth_drafting("d", 1)
