@@ -11,11 +11,12 @@ its last sequence.
 Costs are the wall times of this coordinator's own worker calls (so network, host work and whatever else the
 deployment pays are in them), kept per batch bucket and k as the least of the last few: interference (a graph
 capture, a prefill served in the same worker step, a long catch-up) only ever adds time, so the least is the cost
-of the round itself; rounds that ran beside prefills are not measured at all. A k not measured is predicted from
-the measured ones (round_costs): piecewise linear between them, beyond them along the last measured slope, and no
-k predicted cheaper than a larger one. A bucket that has not measured both plain decoding and some k > 0 borrows
-the curve of the nearest bucket that has, scaled to whatever it measured itself (the ratio of throughputs, which
-is all the choice needs, does not depend on the scale).
+of the round itself; rounds that ran beside prefills are not measured at all. The verification's cost and the
+proposals' are predicted apart (round_costs): piecewise linear between the measured ks, beyond them along the last
+measured slope, and neither ever cheaper at a k than at a larger one (a cheap measurement is trustworthy, a dear one
+may carry interference: so a plain round measured dear cannot make proposals look free). A bucket that has not
+measured both plain decoding and some k > 0 borrows the curves of the nearest bucket that has, scaled to whatever it
+measured itself (the ratio of throughputs, which is all the choice needs, does not depend on the scale).
 
 Exploration. The first bucket measures plain decoding, then one proposal (the cheapest way to learn what the draft
 costs and whether it agrees), then the k predicted best from the two; a later bucket starts from the borrowed curve.
@@ -248,37 +249,29 @@ class SpeculationPolicy:
         return costs is not None and costs.rounds_at_zero + 1 >= self.probe_interval * costs.probe_backoff
 
     def round_costs(self, bucket: int, limit: int) -> dict[int, float]:
-        """Predicted seconds of a round at each k in [0, limit] at this bucket: its own curve once it measured plain
-        decoding and some k > 0; else the nearest complete bucket's curve, scaled to what this one measured (its
-        measured ks kept as measured); {0: cost} or {} while nothing anywhere says what speculating costs."""
+        """Predicted seconds of a round at each k in [0, limit] at this bucket, from its verification and proposal
+        costs: its own once it measured plain decoding and some k > 0; else the nearest complete bucket's, each
+        scaled to what this one measured of it (and its measurements kept); {0: cost} or {} while nothing anywhere
+        says what speculating costs."""
         costs = self.buckets.get(bucket) or BucketCosts()
-        out = self._curve(costs, limit)
-        if out is None:
-            source = self._nearest_complete(bucket)
-            here = {k: self._measured_total(costs, k) for k in costs.verify
-                    if k <= limit and (k == 0 or k in costs.propose)}
-            if source is None:
-                return {0: here[0]} if 0 in here else {}
-            curve = self._curve(source, limit)
-            scale = sum(here[k] / curve[k] for k in here) / len(here) if here else 1.0
-            out = {k: here.get(k, scale * curve[k]) for k in curve}
-        # A round of more proposals never costs less: a k measured cheaper than a lower one (interference in the
-        # lower one's few measurements) bounds it.
-        for k in range(max(out) - 1, -1, -1):
-            out[k] = min(out[k], out[k + 1])
-        return out
-
-    # ---- internals ------------------------------------------------------------------------------------------------
-
-    def _curve(self, costs: BucketCosts, limit: int) -> dict[int, float] | None:
-        """A bucket's own predicted round costs for k in [0, limit], None unless it measured k = 0 and some k > 0."""
-        v0 = costs.verify_cost(0)
-        if v0 is None or not costs.speculative():
-            return None
         verify = {k: costs.verify_cost(k) for k in costs.verify}
         propose = {k: costs.propose_cost(k) for k in costs.speculative()}
-        return {0: v0, **{k: along(verify, k) + along(propose, k, proportional_below=True)
-                          for k in range(1, limit + 1)}}
+        if 0 not in verify or not propose:
+            source = self._nearest_complete(bucket)
+            if source is None:
+                return {0: verify[0]} if 0 in verify else {}
+            source_verify = {k: source.verify_cost(k) for k in source.verify}
+            source_propose = {k: source.propose_cost(k) for k in source.speculative()}
+            verify_scale = _mean_ratio(verify, source_verify, False, 1.0)
+            propose_scale = _mean_ratio(propose, source_propose, True, verify_scale)
+            verify = {**{k: verify_scale * along(source_verify, k) for k in range(limit + 1)}, **verify}
+            propose = {**{k: propose_scale * along(source_propose, k, proportional_below=True)
+                          for k in range(1, limit + 1)}, **propose}
+        verify, propose = _never_cheaper_with_more(verify), _never_cheaper_with_more(propose)
+        return {0: along(verify, 0), **{k: along(verify, k) + along(propose, k, proportional_below=True)
+                                        for k in range(1, limit + 1)}}
+
+    # ---- internals ------------------------------------------------------------------------------------------------
 
     @staticmethod
     def _best(predicted: dict[int, float], batch: int) -> int:
@@ -288,10 +281,6 @@ class SpeculationPolicy:
         top = max(predicted.values())
         margin = FEWER_MARGIN * (1.0 - 1.0 / max(batch, 1))
         return min(k for k, v in predicted.items() if v >= (1.0 - margin) * top)
-
-    @staticmethod
-    def _measured_total(costs: BucketCosts, k: int) -> float:
-        return costs.verify_cost(k) + (costs.propose_cost(k) if k else 0.0)
 
     def _throughputs(self, bucket: int, rates: list[float], limit: int) -> dict[int, float]:
         """Tokens per second for the batch at each k with a predicted cost."""
@@ -345,3 +334,19 @@ class SpeculationPolicy:
         if not known:
             return None
         return self.buckets[min(known, key=lambda b: (abs(b.bit_length() - bucket.bit_length()), b))]
+
+
+def _never_cheaper_with_more(points: dict[int, float]) -> dict[int, float]:
+    """A call for more rows or steps never costs less: a k measured cheaper than a lower one bounds it (the lower
+    one's few measurements carried interference, which only ever adds time)."""
+    out = dict(points)
+    ks = sorted(out, reverse=True)
+    for higher, lower in zip(ks, ks[1:]):
+        out[lower] = min(out[lower], out[higher])
+    return out
+
+
+def _mean_ratio(here: dict[int, float], there: dict[int, float], proportional_below: bool, default: float) -> float:
+    """How much costlier this bucket's measured points are than another bucket's curve at the same ks."""
+    ratios = [v / along(there, k, proportional_below) for k, v in here.items() if along(there, k, proportional_below)]
+    return sum(ratios) / len(ratios) if ratios else default

@@ -206,3 +206,16 @@ def test_a_switched_off_draft_that_starts_agreeing_speculates_again_within_a_few
     first = next(i for i, k in enumerate(picks) if k > 1)
     assert first < 8 * MAX_PROBE_BACKOFF + 30, picks  # the next probe agreed, and a few rounds later
     assert picks[-20:].count(0) == 0 and policy.worth_drafting("d", 1)
+
+
+def test_a_plain_round_measured_with_interference_does_not_make_a_useless_draft_look_worth_it():
+    """Plain decoding measured once while something else ran (15x its cost), a proposal round measured cheap: a
+    verification of more rows never costs less than one of fewer, so plain decoding is at most that cheap, and
+    a draft that never agrees is switched off at once instead of proposing every round."""
+    policy = SpeculationPolicy(4)
+    policy.record_costs(1, 0, 0.0, 0.030)
+    policy.record_costs(1, 1, 0.001, 0.0021)
+    useless = Acceptance(tested=50.0, accepted=0.5)  # one proposal in a hundred
+    policy.variant_counts["d"] = (50.0, 0.5)
+    picks = [policy.choose([policy.rate(useless, "d")], 1, 4) for _ in range(20)]
+    assert picks.count(0) >= 19
