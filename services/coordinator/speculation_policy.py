@@ -50,6 +50,8 @@ estimates but would not on OPTIMISM standard errors above them, the round propos
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
 PRIOR_WEIGHT = 16.0      # proposals' worth of the variant's rate that a sequence's own estimate starts from
 VARIANT_MEMORY = 256.0   # tested proposals a draft variant's running rate remembers (older ones fade)
 OPTIMISM = 1.0           # standard errors above a sequence's estimate that still keep it speculating (see choose)
@@ -115,6 +117,19 @@ def expected_tokens(rate: float, k: int) -> float:
     return float(k + 1) if rate >= 1.0 else (1.0 - rate ** (k + 1)) / (1.0 - rate)
 
 
+def batch_expected_tokens(rates: list[float], max_k: int) -> list[float]:
+    """sum over the batch of E(k), for k = 0..max_k."""
+    if len(rates) > 8:
+        powers = np.asarray(rates, dtype=np.float64)[:, None] ** np.arange(max_k + 1)
+        return np.cumsum(powers.sum(axis=0)).tolist()
+    sums, total, powers = [], 0.0, [1.0] * len(rates)
+    for _ in range(max_k + 1):
+        total += sum(powers)
+        sums.append(total)
+        powers = [p * r for p, r in zip(powers, rates)]
+    return sums
+
+
 def bucket_of(batch: int) -> int:
     return 1 << max(batch - 1, 0).bit_length()
 
@@ -159,6 +174,7 @@ class SpeculationPolicy:
         self.buckets: dict[int, BucketCosts] = {}
         self._probing: BucketCosts | None = None  # the bucket whose round is a probe (its verdicts are being recorded)
         self._probe_weight = PROBE_WEIGHT          # ... and the weight of each of its sequences' proposals
+        self._predicted: dict[int, dict[int, float]] = {}  # bucket -> round_costs up to max_k, until a cost changes
 
     # ---- what the coordinator reports ----------------------------------------------------------------------
 
@@ -180,10 +196,13 @@ class SpeculationPolicy:
 
     def record_costs(self, batch: int, k: int, propose_seconds: float, verify_seconds: float) -> None:
         costs = self.buckets.setdefault(bucket_of(batch), BucketCosts())
+        before = (costs.verify_cost(k), costs.propose_cost(k))
         costs.verify.setdefault(k, deque(maxlen=COST_SAMPLES)).append(verify_seconds)
         if k:
             costs.propose.setdefault(k, deque(maxlen=COST_SAMPLES)).append(propose_seconds)
         costs.measured_at[k] = costs.rounds
+        if (costs.verify_cost(k), costs.propose_cost(k)) != before:
+            self._predicted.clear()  # the least of the latest changed (rarely, once measured): predict again
 
     # ---- the choice ---------------------------------------------------------------------------------------------
 
@@ -283,9 +302,15 @@ class SpeculationPolicy:
         return min(k for k, v in predicted.items() if v >= (1.0 - margin) * top)
 
     def _throughputs(self, bucket: int, rates: list[float], limit: int) -> dict[int, float]:
-        """Tokens per second for the batch at each k with a predicted cost."""
-        return {k: sum(expected_tokens(r, k) for r in rates) / seconds
-                for k, seconds in self.round_costs(bucket, limit).items() if seconds > 0}
+        """Tokens per second for the batch at each k with a predicted cost (the costs computed once per bucket
+        until a measurement changes them; the tokens summed over the batch in one pass per k)."""
+        if bucket not in self._predicted:
+            self._predicted[bucket] = self.round_costs(bucket, self.max_k)
+        seconds = {k: v for k, v in self._predicted[bucket].items() if k <= limit and v > 0}
+        if not seconds:
+            return {}
+        tokens = batch_expected_tokens(rates, max(seconds))
+        return {k: tokens[k] / v for k, v in seconds.items()}
 
     def _baseline_due(self, bucket: int, costs: BucketCosts, predicted: dict) -> bool:
         """Plain decoding is measured first where nothing is known, after BASELINE_AFTER rounds of a bucket that
