@@ -2,15 +2,20 @@
 Qwen2.5-shaped model with random weights, same vocabulary), under adaptive speculation, against the target alone,
 in process and through the services (`specsplit serve`), side by side in one run.
 
-The policy (services/coordinator/speculation_policy.py) measures both ends first, then keeps k = 0 and probes with
-one proposal every 32 rounds. One untimed request per system lets it measure before the timed ones (a deployment
-measures once, at its first requests). Greedy, HumanEval prompts, `--tokens` new tokens each, one at a time.
+The policy (services/coordinator/speculation_policy.py) measures plain decoding and one proposal first, then keeps
+k = 0, builds no draft KV for new requests and probes with one proposal every 32-256 rounds. One untimed request per
+system lets it measure before the timed ones (a deployment measures once, at its first requests). Greedy, HumanEval prompts, `--tokens` new tokens each, one at a time.
 
-    python bench/bench_adaptive_cpu.py [--prompts 3] [--tokens 48]
+    python bench/bench_adaptive_cpu.py [--prompts 3] [--tokens 48] [--tiny]
+
+`--tiny`: the test suite's tiny random models instead (a qwen2 target and an unrelated one of the same shape, byte
+tokenizer, float32), where everything but the models' own arithmetic is what costs: the coordinator's per-round work,
+the draft's prefills and probes.
 """
 
 import argparse
 import asyncio
+import os
 import sys
 import tempfile
 import time
@@ -80,9 +85,19 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=48)
+    parser.add_argument("--tiny", action="store_true", help="the tiny test models instead of the real target")
+    parser.add_argument("--name", default="adaptive_unrelated_cpu")
     args = parser.parse_args()
-    target_dir = Path(resolve_model(TARGET))
-    draft_dir = unrelated_draft(Path(tempfile.mkdtemp()) / "unrelated-0.5b", target_dir)
+    if args.tiny:
+        sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+        from tiny_models import build_model, save_model
+
+        root = Path(tempfile.mkdtemp())
+        target_dir, draft_dir = (save_model(build_model("qwen2", seed=seed), root / name)
+                                 for seed, name in ((0, "target"), (7, "unrelated")))
+    else:
+        target_dir = Path(resolve_model(TARGET))
+        draft_dir = unrelated_draft(Path(tempfile.mkdtemp()) / "unrelated-0.5b", target_dir)
     prompts = [p["prompt"] for p in humaneval_prompts(args.prompts + 1)]
     warm, timed = prompts[0], prompts[1:]
     rows = []
@@ -107,8 +122,10 @@ def main() -> None:
         rows.append(row("services adaptive, unrelated draft", *timed_services(address, timed, args.tokens)))
     for adaptive, reference in ((rows[1], rows[0]), (rows[3], rows[2])):
         adaptive["vs_target_only"] = adaptive["tokens_per_s"] / reference["tokens_per_s"]
-    write_results("adaptive_unrelated_cpu", rows, {"prompts": args.prompts, "tokens": args.tokens,
-                                                    "draft": "random-weight Qwen2.5-0.5B shape (never agrees)"})
+    draft = "tiny random qwen2 (never agrees)" if args.tiny else "random-weight Qwen2.5-0.5B shape (never agrees)"
+    write_results(args.name, rows, {"prompts": args.prompts, "tokens": args.tokens, "draft": draft,
+                                    "target": "tiny random qwen2" if args.tiny else TARGET,
+                                    "load_avg_1m_at_end": os.getloadavg()[0]})
     print_table(rows, ["system", "tokens_per_s", "seconds", "rounds", "drafted_per_round", "vs_target_only"])
 
 

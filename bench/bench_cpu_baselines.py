@@ -186,6 +186,8 @@ def run_services(rec: Recorder, services: Services, system: str, kind: str, warm
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--prompts", type=int, default=3)
+    parser.add_argument("--prompt-offset", type=int, default=0,
+                        help="start at this HumanEval prompt (e.g. 100: a held-out set, none of it used for tuning)")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--parts", default="calibration,transformers,target,speculative,services",
                         help="comma list, run in this order: calibration, transformers, target, speculative, services")
@@ -198,7 +200,7 @@ def main() -> None:
     parts = args.parts.split(",")
     target_dir, draft_dir = resolve_model(args.target), resolve_model(args.draft)
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    texts = humaneval_prompts(args.prompts + 1)
+    texts = humaneval_prompts(args.prompt_offset + args.prompts + 1)[args.prompt_offset:]
     warm, *prompts = [tokenizer.encode(p["prompt"]) for p in texts]
     rec = Recorder(tokenizer.eos_token_id)
     extra = {"target": args.target, "draft": args.draft, "dtype": "float32", "prompts": [p["id"] for p in texts[1:]],
