@@ -79,11 +79,10 @@ def generate(policy: str, how: str, args) -> float:
     return len(result["token_ids"]) / result["timings"]["total_s"]
 
 
-def chosen(layout: str, state: str) -> str:
+def chosen(layout: str) -> wait.WaitChoice:
     """What the specsplit command would choose now for this layout (measuring, and caching, if it never did)."""
     argv = ["serve"] if layout == "turns" else ["generate", "--local"]
-    env = {k: v for k, v in os.environ.items() if k not in (*wait.USER_VARIABLES, wait.CHOSEN_ENV)}
-    return wait.decide(argv, env).policy
+    return wait.decide(argv, wait.without_wait_choice(os.environ))
 
 
 def main() -> None:
@@ -101,7 +100,7 @@ def main() -> None:
     for state in args.states.split(","):
         load = Load(args.load) if state == "loaded" else None
         try:
-            defaults = {layout: chosen(layout, state) for layout in ("one", "turns")}
+            defaults = {layout: chosen(layout) for layout in ("one", "turns")}
             cells = [("probe", layout) for layout in ("one", "turns")]
             if args.target:
                 cells += [("generate", "local"), ("generate", "serve")]
@@ -122,7 +121,8 @@ def main() -> None:
                 for policy, value in medians.items():
                     speed = best / value if workload == "probe" else value / best
                     rows.append({"state": state, "workload": workload, "layout": layout, "policy": policy,
-                                 "default": policy == default, unit: value, "share_of_best": speed,
+                                 "default": policy == default.policy, "default_reason": default.reason,
+                                 unit: value, "share_of_best": speed,
                                  "samples": samples[policy], "machine": machine, "load_avg_before": load_before,
                                  "load_avg_after": load_after,
                                  "busy_processes_started": args.load if state == "loaded" else 0})
