@@ -6,8 +6,9 @@ faster on an AMD EPYC of the same size. So "auto" on a float32 CPU model is deci
 - target: dense and packed float32 only (the target stays exact: its layouts differ in the last bits at most);
   1 row per sequence when it decodes alone; when it verifies k proposals, 1 row (the rounds the speculation policy
   runs without proposals: all of them for a draft that never helps), 2 (one proposal) and k+1. Where dense wins the
-  fewer rows and packed the more, the dual layout (both, twice the memory of the linear weights) is a third
-  candidate, costing the faster of the two at each row count, taken when it wins and the memory is there.
+  fewest rows and packed the most, each by MARGIN, the dual layout (both, twice the memory of the linear weights)
+  is taken when the memory is there: it runs each row count as fast as the faster of the two, whatever mix of them
+  the policy ends up running.
 - draft: dense, packed, int8, and bf16 where the CPU multiplies bf16 natively; its precision never changes the
   output (the target verifies every token), only how fast it drafts and how much of it is accepted.
 
@@ -162,12 +163,13 @@ def choose_layout(loaded, requested: str, role: str, rows: dict[int, float], tim
     if dense_rows is not None:
         ms["dual"] = sum(1000 * w * min(per_rows["dense"][r], per_rows["packed"][r]) for r, w in rows.items())
     default = default_layout(role, rows)
-    layout, source = pick(ms, default), "measured"
+    wanted = pick_with_dual(ms, default, per_rows, dense_rows)
+    layout, source = wanted, "measured"
     if layout == "dual" and not room_for_dual(loaded):
         layout, source = pick_single(ms, default), "measured; dual wanted twice the memory"
     choice = LayoutChoice(layout, role, rows, ms, time.perf_counter() - started, source,
                           dense_rows=dense_rows if layout == "dual" else None)
-    write_cache(cache_file, key, {"layout": pick(ms, default), "ms": ms, "seconds": choice.seconds,
+    write_cache(cache_file, key, {"layout": wanted, "ms": ms, "seconds": choice.seconds,
                                   "model": loaded.name, "role": role, "rows": {str(r): w for r, w in rows.items()},
                                   "dense_rows": dense_rows, **machine_key(), "load_avg_1m": os.getloadavg()[0],
                                   "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
@@ -200,6 +202,19 @@ def room_for_dual(loaded) -> bool:
 
 def pick_single(ms: dict[str, float], default: str) -> str:
     return pick({layout: v for layout, v in ms.items() if layout != "dual"}, default)
+
+
+def pick_with_dual(ms: dict[str, float], default: str, per_rows: dict[str, dict[int, float]],
+                   dense_rows: int | None) -> str:
+    """dual where dense wins the fewest rows and packed the most, each by MARGIN: it then runs every row count the
+    role meets as fast as the faster of the two, which neither does alone, whatever mix of them the speculation
+    policy ends up running (all one-row steps for a draft that never helps); else the best single layout."""
+    if dense_rows is not None:
+        dense, packed = per_rows["dense"], per_rows["packed"]
+        fewest, most = min(dense), max(dense)
+        if dense[fewest] <= (1 - MARGIN) * packed[fewest] and packed[most] <= (1 - MARGIN) * dense[most]:
+            return "dual"
+    return pick_single(ms, default)
 
 
 def pick(ms: dict[str, float], default: str) -> str:
