@@ -9,7 +9,8 @@ is SYNTHETIC (services/target/synthetic_acceptance.py, NOT LOSSLESS): a coin of 
 request, so every configuration of a cell meets the same coins; rows say so. One engine serves every row (graphs
 captured once for k up to 9): fixed rows are requests in fixed mode, target-only rows requests with k = 0, adaptive
 rows requests that leave k to the policy, whose state carries from cell to cell as a deployment's would (each cell's
-adaptive runs start after one untimed run of that cell). Greedy throughout.
+adaptive runs start after one untimed run of that cell); the unrelated-draft part starts from a fresh policy (a
+deployment whose draft never agreed). Greedy throughout.
 
 Budget: the whole default run fits one device call of under 6 minutes on an H100: 64 new tokens per request, one run
 per fixed k (8 runs a cell), three for adaptive (after one untimed) and three for target-only per batch size (the
@@ -65,6 +66,7 @@ import torch  # noqa: E402
 import bench_gpu_e2e as e2e  # noqa: E402
 from bench_common import print_table, write_results  # noqa: E402
 from specsplit.services.coordinator.coordinator import CoordinatorConfig  # noqa: E402
+from specsplit.services.coordinator.speculation_policy import SpeculationPolicy  # noqa: E402
 from specsplit.services.local_engine import LocalEngine  # noqa: E402
 from specsplit.services.sampling_params import SamplingParams  # noqa: E402
 
@@ -250,6 +252,9 @@ def main() -> None:
             save()
 
     if not ARGS.no_unrelated:
+        # A deployment whose draft never agreed: a fresh policy (the sweep's has learnt this variant agrees 90% of
+        # the time, which a draft that never did would not have taught it).
+        engine.coordinator.policy = SpeculationPolicy(engine.coordinator.config.max_speculative_tokens)
         for batch in batches:  # the random draft under the real rejection sampler: acceptance ~0
             if over_budget(f"unrelated draft batch {batch}"):
                 break
