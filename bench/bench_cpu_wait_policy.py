@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_common import print_table, write_results  # noqa: E402
 from specsplit.services.runtime import cpu_wait_policy as wait  # noqa: E402 (imports no torch)
 
-POLICIES = ("passive", "spin:10000", "spin:100000", "active")
+POLICIES = wait.CANDIDATES
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
 
 

@@ -169,9 +169,11 @@ def choose_layout(loaded, requested: str, role: str, rows: dict[int, float], tim
         layout, source = pick_single(ms, default), "measured; dual wanted twice the memory"
     choice = LayoutChoice(layout, role, rows, ms, time.perf_counter() - started, source,
                           dense_rows=dense_rows if layout == "dual" else None)
+    per_rows_ms = {name: {str(r): 1000 * t for r, t in by.items()} for name, by in per_rows.items()}
     write_cache(cache_file, key, {"layout": wanted, "ms": ms, "seconds": choice.seconds,
                                   "model": loaded.name, "role": role, "rows": {str(r): w for r, w in rows.items()},
-                                  "dense_rows": dense_rows, **machine_key(), "load_avg_1m": os.getloadavg()[0],
+                                  "dense_rows": dense_rows, "ms_per_rows": per_rows_ms,
+                                  **machine_key(), "load_avg_1m": os.getloadavg()[0],
                                   "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     log.warning("layout %s", choice.describe(loaded.name))
     return choice

@@ -45,8 +45,9 @@ LOADED_CORES = 0.5   # other processes busier than this many cores: the machine 
 LOAD_LOOK_S = 0.25   # how long /proc/stat is watched
 MARGIN = 0.05        # the least spinning candidate within this of the fastest is taken
 PROBE_TIMEOUT_S = 120.0
-# Least spinning first. GOMP_SPINCOUNT counts spins before sleeping, roughly 100 per microsecond: 0.1 and 1 ms.
-CANDIDATES = ("passive", "spin:10000", "spin:100000", "active")
+# Least spinning first. GOMP_SPINCOUNT counts spins before sleeping, roughly 100 per microsecond: 0.1, 1 and 10 ms
+# (the last keeps nearly all of active's gain within a step, and sleeps when its process waits for the other's).
+CANDIDATES = ("passive", "spin:10000", "spin:100000", "spin:1000000", "active")
 USER_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 
@@ -205,8 +206,9 @@ def machine_key(cores: int | None = None) -> dict:
 
 
 def cache_key(layout: str, cores: int | None = None) -> str:
+    """Per CPU, cores, torch, layout and the candidates measured (another set measures again)."""
     m = machine_key(cores)
-    return f"{m['cpu']}|{m['cores']} cores|torch {m['torch']}|{layout}"
+    return f"{m['cpu']}|{m['cores']} cores|torch {m['torch']}|{layout}|{','.join(CANDIDATES)}"
 
 
 def default_cache_file() -> Path:

@@ -69,6 +69,9 @@ def test_a_quiet_machine_measures_once_per_layout_and_takes_the_least_spinning_o
     turns = Measure({"passive": 0.20, "spin:10000": 0.25, "spin:100000": 0.30, "active": 0.9})
     assert decide(["serve"], {}, QUIET, turns, cache).policy == "passive"  # two processes: measured on their own
     assert measure.layouts == ["one"] and turns.layouts == ["turns"]
+    spin_long = Measure({"passive": 0.10, "spin:10000": 0.09, "spin:100000": 0.08, "spin:1000000": 0.072,
+                         "active": 0.070})
+    assert decide(["generate", "--local"], {WAIT_ENV: "measure"}, QUIET, spin_long, cache).policy == "spin:1000000"
     remeasure = Measure({"passive": 0.10, "spin:10000": 0.2, "spin:100000": 0.2, "active": 0.2})
     assert decide(["generate", "--local"], {WAIT_ENV: "measure"}, QUIET, remeasure, cache).policy == "passive"
     assert decide(["generate", "--local"], {}, QUIET, never, cache).policy == "passive"
