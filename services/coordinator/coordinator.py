@@ -238,7 +238,8 @@ class Coordinator:
         """Sequences whose draft KV is built now (beside the target's prefill for new ones): those the speculation
         policy expects to speculate at this batch size (a request that fixes its k always does), else one when a
         probe is due and no sequence has a draft to probe with. A draft that never helps costs no prefills."""
-        waiting = [s for s in live if self._wants_draft(s) and not s.draft_prefilled and self._variant_pool(s)]
+        waiting = [s for s in live if self._wants_draft(s) and not s.draft_prefilled
+                   and self._variant_pool(s) is not None]
         worth = {}  # per draft variant, not per sequence
         for s in waiting:
             if s.draft_variant not in worth:
