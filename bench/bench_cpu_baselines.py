@@ -9,7 +9,7 @@ One system after another:
 - specsplit in-process target-only: dense, packed, and the calibrated choice (the layout `auto` picks on this
   machine; when it is one of the two above, it is that row, not run twice);
 - the layout calibration itself: seconds on a first start (an empty cache file) and on a later one (cache hit);
-- specsplit in-process speculative, k = 4: adaptive (the default) and fixed (requests that name k = 4);
+- specsplit in-process speculative, k = 4: adaptive (the default, at most 4) and fixed (requests in fixed mode);
 - through the services (`specsplit serve`, three processes over loopback gRPC): target-only, and speculative k = 4
   adaptive and fixed, with the default per-process threads (services/runtime/cpu_threads.py).
 Greedy tokens of every system are compared with transformers' greedy generate. The CPU model, the load average
@@ -28,8 +28,11 @@ import tempfile
 import time
 from pathlib import Path
 
-# As the specsplit command sets it (specsplit/cli.py), for every system of this run alike, transformers included.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# As the specsplit command chooses it for one process computing (services/runtime/cpu_wait_policy.py), for every
+# in-process system of this run alike, transformers included; the services choose their own, as `serve` does.
+from specsplit.services.runtime.cpu_wait_policy import WAIT_REASON_ENV, choose_for_command, without_wait_choice  # noqa: E402
+
+choose_for_command(["generate", "--local"])
 
 import torch  # noqa: E402
 
@@ -88,10 +91,12 @@ def run_transformers(rec: Recorder, target_dir, draft_dir, warm, prompts, tokens
 
 
 def run_engine(rec: Recorder, engine: LocalEngine, system: str, kind: str, warm, prompts, tokens: int, k=None, **extra):
-    params = SamplingParams(max_tokens=tokens, num_speculative_tokens=k)
+    """`k`: every request proposes exactly k a round (a request's fixed mode); None: the policy picks."""
+    fixed = "fixed" if k else None
+    params = SamplingParams(max_tokens=tokens, num_speculative_tokens=k, speculation=fixed)
 
     async def main():
-        await engine.generate(warm, SamplingParams(max_tokens=8, num_speculative_tokens=k))
+        await engine.generate(warm, SamplingParams(max_tokens=8, num_speculative_tokens=k, speculation=fixed))
         seconds, results = [], []
         for ids in prompts:
             start = time.perf_counter()
@@ -155,7 +160,7 @@ class Services:
     def __init__(self, target_dir, draft_dir, *extra: str):
         argv = ["serve", "--target", str(target_dir), "--draft", str(draft_dir) if draft_dir else "none", "--port", "0",
                 "--metrics-port", "-1", "-k", "4", "--num-kv-blocks", str(KV_BLOCKS), "--no-prefix-caching", *extra]
-        self.process, self.address = spawn_service(argv)
+        self.process, self.address = spawn_service(argv, env=without_wait_choice(os.environ))
         self.startup_lines = self.process.startup_lines
 
     def __enter__(self):
@@ -168,11 +173,12 @@ class Services:
 
 def run_services(rec: Recorder, services: Services, system: str, kind: str, warm, prompts, tokens: int, k=None, **extra):
     with Client(services.address, timeout=3600) as client:
-        client.generate(warm, max_tokens=8, num_speculative_tokens=k)
+        fixed = "fixed" if k else None
+        client.generate(warm, max_tokens=8, num_speculative_tokens=k, speculation=fixed)
         seconds, results = [], []
         for ids in prompts:
             start = time.perf_counter()
-            results.append(client.generate(ids, max_tokens=tokens, num_speculative_tokens=k))
+            results.append(client.generate(ids, max_tokens=tokens, num_speculative_tokens=k, speculation=fixed))
             seconds.append(time.perf_counter() - start)
     return rec.add(system, kind, seconds, [r.token_ids for r in results], **_stats(results), **extra)
 
@@ -180,6 +186,8 @@ def run_services(rec: Recorder, services: Services, system: str, kind: str, warm
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--prompts", type=int, default=3)
+    parser.add_argument("--prompt-offset", type=int, default=0,
+                        help="start at this HumanEval prompt (e.g. 100: a held-out set, none of it used for tuning)")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--parts", default="calibration,transformers,target,speculative,services",
                         help="comma list, run in this order: calibration, transformers, target, speculative, services")
@@ -192,12 +200,12 @@ def main() -> None:
     parts = args.parts.split(",")
     target_dir, draft_dir = resolve_model(args.target), resolve_model(args.draft)
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    texts = humaneval_prompts(args.prompts + 1)
+    texts = humaneval_prompts(args.prompt_offset + args.prompts + 1)[args.prompt_offset:]
     warm, *prompts = [tokenizer.encode(p["prompt"]) for p in texts]
     rec = Recorder(tokenizer.eos_token_id)
     extra = {"target": args.target, "draft": args.draft, "dtype": "float32", "prompts": [p["id"] for p in texts[1:]],
              "tokens": args.tokens, "lscpu_model": _lscpu_model(), "torch_threads": torch.get_num_threads(),
-             "cpu_flags_bf16": _bf16_flags(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+             "cpu_flags_bf16": _bf16_flags(), "omp_wait_policy": os.environ.get(WAIT_REASON_ENV)}
     started = time.perf_counter()
 
     def save() -> Path:  # after every part: a run stopped late keeps what it measured

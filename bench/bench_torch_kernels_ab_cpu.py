@@ -17,7 +17,6 @@ Results: bench/results/torch_kernels_ab_cpu.json (torch_kernels_ab_cpu_profile.j
 import argparse
 import asyncio
 import cProfile
-import os
 import pstats
 import subprocess
 import sys
@@ -25,7 +24,9 @@ import time
 import types
 from pathlib import Path
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as the specsplit command sets it
+from specsplit.services.runtime.cpu_wait_policy import choose_for_command  # noqa: E402 (imports no torch)
+
+choose_for_command(["generate", "--local"])  # as the specsplit command chooses it for one process
 
 sys.path.insert(0, str(Path(__file__).parent))
 

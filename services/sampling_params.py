@@ -10,6 +10,7 @@ from specsplit.services.target.acceptance_method import check_acceptance
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_LENGTH = 256
+SPECULATION_MODES = (None, "adaptive", "fixed")
 
 
 @dataclass
@@ -23,7 +24,9 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None       # None = no logprobs; n >= 0 = chosen token plus top-n alternatives
-    num_speculative_tokens: int | None = None  # None = the server's default; 0 = speculation off
+    num_speculative_tokens: int | None = None  # the most per round; None = the server's default; 0 = off
+    speculation: str | None = None    # None / "adaptive": the deployment's policy picks k per round, up to the above;
+                                      # "fixed": exactly num_speculative_tokens (or the server's k) every round
     # None = the deployment's; "typical" is NOT lossless (services/target/acceptance_method.py)
     acceptance_method: str | None = None
     posterior_threshold: float | None = None  # typical acceptance only; None = the deployment's
@@ -53,5 +56,11 @@ class SamplingParams:
         k = self.num_speculative_tokens
         if k is not None and not (0 <= k <= max_speculative_tokens):
             raise InvalidArgument(f"num_speculative_tokens must be in [0, {max_speculative_tokens}], got {k}")
+        if self.speculation not in SPECULATION_MODES:
+            raise InvalidArgument(f"speculation must be 'adaptive' or 'fixed', got {self.speculation!r}")
         check_acceptance(self.acceptance_method, self.posterior_threshold, self.posterior_alpha)
         return self
+
+    @property
+    def fixed_speculation(self) -> bool:
+        return self.speculation == "fixed"

@@ -11,6 +11,7 @@ from specsplit.services.draft.proposer_flags import add_proposer_args, ngram_opt
 from specsplit.services.models.weight_formats import DRAFT_ONLY_FORMATS, WEIGHT_FORMATS
 from specsplit.services.runtime.batch_invariance import check_tensor_parallel_sizes
 from specsplit.services.runtime.cpu_threads import add_threads_arg, apply_threads
+from specsplit.services.runtime.cpu_wait_policy import WAIT_REASON_ENV
 from specsplit.services.rpc.security import ChannelSecurity, add_server_tls_args, read_tokens, server_security_from_args
 from specsplit.services.rpc.worker_credentials import WORKER_SECRET_ENV, load_worker_secret, new_worker_secret
 from specsplit.services.target.acceptance_flags import acceptance_argv, acceptance_policy_from_args, add_acceptance_args
@@ -154,11 +155,11 @@ def add_coordinating_args(c) -> None:
 
 
 def add_speculation_arg(p) -> None:
-    """For commands that run a coordinator (coordinator, serve, generate --local)."""
+    """For commands that run a coordinator (coordinator, serve, generate --local; generate --server: the request's)."""
     p.add_argument("--speculation", default="adaptive", choices=["adaptive", "fixed"],
                    help="adaptive (default): each round proposes the k (0 to --num-speculative-tokens) that the "
                    "measured acceptance and costs say is fastest, so speculation never loses to plain decoding; "
-                   "fixed: always --num-speculative-tokens (benchmarks)")
+                   "fixed: always --num-speculative-tokens (benchmarks; with generate --server, this request only)")
     add_overlap_arg(p)
 
 
@@ -251,6 +252,7 @@ def _run_worker(args) -> int:
     from specsplit.services.rpc.worker_process import serve_worker
 
     print(f"specsplit {args.role} uses {apply_threads(args.role, args.threads)} CPU threads", flush=True)
+    print(f"specsplit {args.role} OpenMP threads wait: {os.environ.get(WAIT_REASON_ENV, 'as set')}", flush=True)
     options = dict(dtype=args.dtype, device=args.device, num_kv_blocks=args.num_kv_blocks, block_size=args.block_size,
                    weight_format=args.weights, prefix_caching=args.prefix_caching, warm_up_k=args.warm_up_k,
                    layout_k=args.layout_k, tensor_parallel_size=args.tensor_parallel_size)
@@ -398,7 +400,8 @@ def _run_serve(args) -> int:
         for line in (line for p in processes[:-1] for line in p.startup_lines if " listening on " in line):
             print(line, file=sys.stderr)  # the workers (on loopback, requiring the secret)
         for line in (line for p in processes for line in p.startup_lines
-                     if " metrics on " in line or " CPU threads" in line or " API on " in line):
+                     if " metrics on " in line or " CPU threads" in line or " API on " in line
+                     or " OpenMP threads wait: " in line):
             print(line, file=sys.stderr)
         if _one_shot(args):
             return _one_request(args, address)

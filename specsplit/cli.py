@@ -4,14 +4,14 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import sys
 
-# Before torch loads OpenMP: threads that finish their share of a matmul sleep instead of spinning. Spinning threads
-# take the cores from whoever computes next: the other worker of `serve` on the same cores, or anything else on a
-# shared machine (a 2-core machine with other jobs ran a model 27x slower with 2 spinning threads than with passive
-# ones; bench/bench_cpu_baselines.py). Set OMP_WAIT_POLICY=ACTIVE to spin.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Before torch loads OpenMP: whether its threads spin or sleep between parallel regions, by the machine's load and
+# the command's process layout, measured once per machine (services/runtime/cpu_wait_policy.py; it imports no torch).
+# OMP_WAIT_POLICY or GOMP_SPINCOUNT set by hand are kept.
+from specsplit.services.runtime.cpu_wait_policy import choose_for_command  # noqa: E402
+
+choose_for_command(sys.argv[1:])
 
 from specsplit.services.sampling_params import SamplingParams  # noqa: E402
 
@@ -34,7 +34,9 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop-token-id", type=int, action="append", default=[], dest="stop_token_ids")
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--logprobs", type=int, default=None, help="return the chosen token's logprob and top-N others")
-    p.add_argument("--num-speculative-tokens", "-k", type=int, default=None, help="k; 0 = target only")
+    p.add_argument("--num-speculative-tokens", "-k", type=int, default=None,
+                   help="the most proposals per round, each round's k picked by the speculation policy (exactly this "
+                   "many with --speculation fixed); 0 = target only")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
 
 
@@ -59,6 +61,7 @@ def sampling_params_from_args(args) -> SamplingParams:
         ignore_eos=args.ignore_eos,
         logprobs=args.logprobs,
         num_speculative_tokens=args.num_speculative_tokens,
+        speculation="fixed" if getattr(args, "speculation", None) == "fixed" else None,
         acceptance_method=getattr(args, "acceptance_method", None),
         posterior_threshold=getattr(args, "posterior_threshold", None),
         posterior_alpha=getattr(args, "posterior_alpha", None),

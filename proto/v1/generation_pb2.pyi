@@ -13,6 +13,7 @@ class SpeculationMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SPECULATION_MODE_DEFAULT: _ClassVar[SpeculationMode]
     SPECULATION_MODE_OFF: _ClassVar[SpeculationMode]
     SPECULATION_MODE_CUSTOM: _ClassVar[SpeculationMode]
+    SPECULATION_MODE_FIXED: _ClassVar[SpeculationMode]
 
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -23,6 +24,7 @@ class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 SPECULATION_MODE_DEFAULT: SpeculationMode
 SPECULATION_MODE_OFF: SpeculationMode
 SPECULATION_MODE_CUSTOM: SpeculationMode
+SPECULATION_MODE_FIXED: SpeculationMode
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason

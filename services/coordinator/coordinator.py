@@ -215,7 +215,7 @@ class Coordinator:
             live = [s for s in self.running if not s.finished]
             self._leave_down_replicas(live)
             needs_target = [s for s in live if not s.prefilled]
-            needs_draft = [s for s in live if self._wants_draft(s) and not s.draft_prefilled]
+            needs_draft = self._drafts_to_attach(live)
             decoding = [s for s in live if s.prefilled]
             try:
                 self._round_alone = not needs_target and not needs_draft  # its timing is the round's own cost
@@ -252,6 +252,22 @@ class Coordinator:
             and sequence.request.params.num_speculative_tokens != 0
             and self.config.num_speculative_tokens > 0
         )
+
+    def _drafts_to_attach(self, live: list[SequenceState]) -> list[SequenceState]:
+        """Sequences whose draft KV is built now (beside the target's prefill for new ones): those the speculation
+        policy expects to speculate at this batch size (a request that fixes its k always does), else one when a
+        probe is due and no sequence has a draft to probe with. A draft that never helps costs no prefills."""
+        waiting = [s for s in live if self._wants_draft(s) and not s.draft_prefilled
+                   and self._variant_pool(s) is not None]
+        worth = {}  # per draft variant, not per sequence
+        for s in waiting:
+            if s.draft_variant not in worth:
+                worth[s.draft_variant] = self.policy.worth_drafting(s.draft_variant, len(live))
+        attach = [s for s in waiting if worth[s.draft_variant] or not _follows_policy(s.request.params)]
+        if waiting and not attach and self.policy.probe_due(len(live)) and not any(
+                s.draft_prefilled and _follows_policy(s.request.params) for s in live):
+            attach = waiting[:1]
+        return attach
 
     async def _prefill_targets(self, sequences: list[SequenceState]) -> None:
         """Prefill new, preempted and orphaned sequences on a target; the target samples their next token."""
@@ -699,10 +715,11 @@ async def _all(coroutines: list) -> list:
 
 
 def _follows_policy(params) -> bool:
-    """Whether the speculation policy picks this request's k. A request that names its k gets exactly it, and so
-    does a seeded sampled one: its tokens depend on how many were proposed each round, so a fixed k keeps the
-    promise that a seed reproduces its output whatever else is batched. Greedy output never depends on k."""
-    return params.num_speculative_tokens is None and (params.greedy or params.seed is None)
+    """Whether the speculation policy picks this request's k (at most its num_speculative_tokens). A request that
+    asks for a fixed k gets exactly it, and so does a seeded sampled one: its tokens depend on how many were proposed
+    each round, so a fixed k keeps the promise that a seed reproduces its output whatever else is batched. Greedy
+    output never depends on k."""
+    return not params.fixed_speculation and (params.greedy or params.seed is None)
 
 
 def _group(sequences: list[SequenceState], key) -> list[tuple[object, list[SequenceState]]]:

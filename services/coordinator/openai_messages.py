@@ -95,7 +95,10 @@ def parse_request(body, chat: bool) -> OpenAIRequest:
         if not stream:
             raise InvalidField("stream_options is only allowed with stream: true", "stream_options")
     include_usage = _boolean(options or {}, "include_usage", False, "stream_options.include_usage")
-    k = _integer(body, "num_speculative_tokens", None, low=0)  # extension: per-request k, 0 = target only
+    k = _integer(body, "num_speculative_tokens", None, low=0)  # extension: the most per round, 0 = target only
+    speculation = body.get("speculation")  # extension: "fixed" = exactly num_speculative_tokens every round
+    if speculation not in (None, "adaptive", "fixed"):
+        raise InvalidField('speculation must be "adaptive" or "fixed"', "speculation")
     params = SamplingParams(
         temperature=_number(body, "temperature", DEFAULT_TEMPERATURE, low=0.0),
         top_p=_number(body, "top_p", 1.0, low=0.0),
@@ -107,6 +110,7 @@ def parse_request(body, chat: bool) -> OpenAIRequest:
         ignore_eos=_boolean(body, "ignore_eos", False),
         logprobs=logprobs,
         num_speculative_tokens=k,
+        speculation=speculation,
     )
     model = body.get("model")
     if model is not None and not isinstance(model, str):

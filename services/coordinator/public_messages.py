@@ -43,6 +43,9 @@ def request_pb(prompt, params: SamplingParams, chat: bool = False, request_id: s
     k = params.num_speculative_tokens
     if k == 0:
         m.speculation.mode = generation_pb2.SPECULATION_MODE_OFF
+    elif params.speculation == "fixed":
+        m.speculation.mode = generation_pb2.SPECULATION_MODE_FIXED
+        m.speculation.num_speculative_tokens = k or 0
     elif k is not None:
         m.speculation.mode = generation_pb2.SPECULATION_MODE_CUSTOM
         m.speculation.num_speculative_tokens = k
@@ -57,11 +60,13 @@ def request_pb(prompt, params: SamplingParams, chat: bool = False, request_id: s
 
 def params_from_pb(m: generation_pb2.GenerateRequest) -> SamplingParams:
     s, stop = m.sampling, m.stopping
-    mode = m.speculation.mode
+    mode, speculation = m.speculation.mode, None
     if mode == generation_pb2.SPECULATION_MODE_OFF:
         k = 0
     elif mode == generation_pb2.SPECULATION_MODE_CUSTOM:
         k = m.speculation.num_speculative_tokens
+    elif mode == generation_pb2.SPECULATION_MODE_FIXED:  # exactly k; 0 = the server's k, fixed
+        k, speculation = m.speculation.num_speculative_tokens or None, "fixed"
     elif mode == generation_pb2.SPECULATION_MODE_DEFAULT:
         k = None
     else:
@@ -78,6 +83,7 @@ def params_from_pb(m: generation_pb2.GenerateRequest) -> SamplingParams:
         ignore_eos=stop.ignore_eos,
         logprobs=m.logprobs if m.HasField("logprobs") else None,
         num_speculative_tokens=k,
+        speculation=speculation,
         acceptance_method=acceptance_method_from_pb(acceptance.method) or None,
         posterior_threshold=acceptance.posterior_threshold if acceptance.HasField("posterior_threshold") else None,
         posterior_alpha=acceptance.posterior_alpha if acceptance.HasField("posterior_alpha") else None,

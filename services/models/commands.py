@@ -78,8 +78,11 @@ def print_layout_choices() -> None:
         ms = ", ".join(f"{name} {value:.1f} ms" for name, value in sorted(entry.get("ms", {}).items(), key=lambda kv: kv[1]))
         rows = "+".join(f"{w:g}x{r}" if w != 1 else r for r, w in sorted(entry.get("rows", {}).items(), key=lambda kv: int(kv[0])))
         load = f", load {entry['load_avg_1m']:.1f}" if "load_avg_1m" in entry else ""
+        layout = entry.get("layout")
+        if layout == "dual":
+            layout += f" (dense up to {entry.get('dense_rows')} rows, packed above)"
         print(f"  {entry.get('model')} {entry.get('role')} (rows {rows}, {entry.get('threads')} threads): "
-              f"{entry.get('layout')}  [matmuls per round: {ms}; measured {entry.get('date', '?')}{load}]")
+              f"{layout}  [matmuls per round: {ms}; measured {entry.get('date', '?')}{load}]")
 
 
 def run_prepare(args: argparse.Namespace) -> int:

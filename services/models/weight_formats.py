@@ -11,6 +11,10 @@
   verified against the target's own distribution. The draft's default on the CPU.
 - bf16: weights held in bfloat16 and activations cast to it per call, float32 out. Drafts only, for the same reason
   as int8; fast only where the CPU multiplies bf16 natively (avx512_bf16, AMX), so calibration offers it there only.
+- dual: both float32 layouts of every weight, twice the memory: dense for calls of up to `dense_rows` rows, packed
+  above. For a speculating target on a CPU where dense is fastest for one row and packed for a verification: its
+  one-row steps (every round while the speculation policy finds the draft does not pay) run as fast as the target
+  alone's, its verifications as fast as packed ones. The same float32 arithmetic as the layout each call uses.
 
 "auto" picks the defaults above for float32 on the CPU and dense everywhere else; the services and the in-process
 engine resolve "auto" by measurement instead (layout_calibration.py), falling back to these defaults.
@@ -20,6 +24,7 @@ dense weight, where oneDNN's packed GEMM blocks by the row count and int8 quanti
 row's result would depend on the others'). "auto" is then dense, and the other formats are refused.
 """
 
+import functools
 import os
 import warnings
 
@@ -29,7 +34,7 @@ from torch import nn
 from specsplit.kernels.dispatch import batch_invariant
 from specsplit.services.errors import InvalidArgument
 
-WEIGHT_FORMATS = ("auto", "dense", "packed", "int8", "bf16")
+WEIGHT_FORMATS = ("auto", "dense", "packed", "dual", "int8", "bf16")
 # Formats that change the model's arithmetic beyond the last bits: never for a target (its outputs are the output).
 DRAFT_ONLY_FORMATS = ("int8", "bf16")
 
@@ -37,6 +42,10 @@ DRAFT_ONLY_FORMATS = ("int8", "bf16")
 # (bench/bench_cpu_weight_formats.py --matrix) 2-64 rows run within ~10% of the best of hints 1/5/16/64 for their
 # count; one row is ~20% slower than with hint 1 (and dense is faster still there).
 PACKED_ROWS_HINT = 5
+
+# The dual layout's split when none was measured: dense up to this many rows (on the developer CPU dense is faster
+# at 1 and 2 rows, packed from about 4; bench/results/cpu_weight_formats_matrix.json).
+DUAL_DENSE_ROWS = 2
 
 # oneDNN, and torch's ideep layer above it, cache one primitive per input shape (1024 of each by default), and a
 # cached primitive keeps buffers about the size of its output (rows x out_features floats). Every new row count a
@@ -87,23 +96,26 @@ def resolve_weight_format(requested: str, role: str, device: torch.device, dtype
     return requested
 
 
-def use_weight_format(loaded, requested: str, role: str) -> str:
-    """Resolve `requested` for this model and role and convert its layers once; returns the format in use."""
+def use_weight_format(loaded, requested: str, role: str, dense_rows: int | None = None) -> str:
+    """Resolve `requested` for this model and role and convert its layers once; returns the format in use.
+    `dense_rows`: the dual layout's split (None: DUAL_DENSE_ROWS)."""
     param = next(loaded.model.parameters())
     chosen = resolve_weight_format(requested, role, param.device, param.dtype)
     if chosen != loaded.weight_format:
         if loaded.weight_format != "dense":
             raise InvalidArgument(f"{loaded.name} already holds {loaded.weight_format} weights, cannot switch to {chosen}")
-        apply_weight_format(loaded.model, chosen)
+        apply_weight_format(loaded.model, chosen, dense_rows)
         loaded.weight_format = chosen
     return chosen
 
 
-def apply_weight_format(model: nn.Module, weight_format: str) -> None:
+def apply_weight_format(model: nn.Module, weight_format: str, dense_rows: int | None = None) -> None:
     """Replace every nn.Linear under `model` (in place) with the format's version; dense leaves it as it is."""
     if weight_format == "dense":
         return
     convert = LINEAR_LAYOUTS[weight_format]
+    if weight_format == "dual":
+        convert = functools.partial(DualLinear, dense_rows=dense_rows or DUAL_DENSE_ROWS)
     with torch.no_grad(), warnings.catch_warnings():
         # torch marks its quantized-tensor constructors as deprecated; they are still the int8 path it ships.
         warnings.simplefilter("ignore")
@@ -156,8 +168,32 @@ class Bf16Linear(nn.Module):
         return torch.nn.functional.linear(x.to(torch.bfloat16), self.weight, self.bias).float()
 
 
+class DualLinear(nn.Module):
+    """The dense weight and its packed copy: dense for calls of up to `dense_rows` rows, packed above."""
+
+    def __init__(self, linear: nn.Linear, dense_rows: int = DUAL_DENSE_ROWS):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.dense_rows = dense_rows
+        self.register_buffer("weight", linear.weight.detach())  # shared with the source (a tied embedding's too)
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach())
+        self.packed = PackedLinear(linear)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() <= self.dense_rows * self.in_features:
+            return torch.nn.functional.linear(x, self.weight, self.bias)
+        return self.packed(x)
+
+
+def extra_bytes(model: nn.Module, weight_format: str) -> int:
+    """Memory a format holds beyond the dense weights: the dual layout's packed copies."""
+    if weight_format != "dual":
+        return 0
+    return sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, nn.Linear))
+
+
 # How each non-dense format converts one nn.Linear (the source layer is left as it is).
-LINEAR_LAYOUTS = {"packed": PackedLinear, "int8": Int8DynamicLinear, "bf16": Bf16Linear}
+LINEAR_LAYOUTS = {"packed": PackedLinear, "dual": DualLinear, "int8": Int8DynamicLinear, "bf16": Bf16Linear}
 
 
 def _int8_available() -> bool:

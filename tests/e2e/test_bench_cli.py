@@ -19,8 +19,10 @@ LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 
 @pytest.fixture(scope="module")
 def served(tiny_pair):
+    # A fixed k: every request drafts (the speculation fields are the harness's to report), where the adaptive policy
+    # might find speculating this tiny pair not worth it and leave them empty.
     with ServeProcess(["--target", str(tiny_pair["target"]), "--draft", str(tiny_pair["close"]), "--dtype", "float64",
-                       "--num-kv-blocks", "256", "-k", "4"]) as serve:
+                       "--num-kv-blocks", "256", "-k", "4", "--speculation", "fixed"]) as serve:
         yield serve
 
 

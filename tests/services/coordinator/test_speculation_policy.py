@@ -5,8 +5,8 @@ import asyncio
 
 import pytest
 
-from specsplit.services.coordinator.speculation_policy import (Acceptance, SpeculationPolicy, bucket_of,
-                                                               expected_tokens)
+from specsplit.services.coordinator.speculation_policy import (BASELINE_AFTER, MAX_PROBE_BACKOFF, Acceptance,
+                                                               SpeculationPolicy, bucket_of, expected_tokens)
 from specsplit.services.local_engine import LocalEngine
 from specsplit.services.sampling_params import SamplingParams
 from tiny_models import byte_tokenizer
@@ -31,29 +31,74 @@ def test_fixed_always_proposes_the_limit():
     assert policy.choose([0.0], 1, 0) == 0
 
 
-def test_a_new_bucket_measures_both_ends_first():
-    policy = SpeculationPolicy(16)
+def run_rounds(policy, rates, batch, rounds, cost=lambda k: 0.010 + 0.00025 * k + (0.001 * k + 0.0002 if k else 0.0),
+               limit=4):
+    """`rounds` rounds of the policy against a cost model (seconds of a round at k), each measured as a clean
+    round would be; returns the ks chosen."""
     picks = []
-    for _ in range(6):
-        k = policy.choose([0.9], 8, 4)
+    for _ in range(rounds):
+        k = policy.choose(rates, batch, limit)
         picks.append(k)
-        policy.record_costs(8, k, 0.004 if k else 0.0, 0.011 if k else 0.010)
-    assert picks == [4, 4, 4, 0, 0, 0]
-    assert policy.choose([0.9], 8, 4) > 0  # then a good draft speculates
+        total = cost(k)
+        propose = cost(k) - cost(0) if k else 0.0
+        policy.record_costs(batch, k, propose, total - propose)
+    return picks
 
 
-def test_picks_the_k_with_the_most_tokens_per_second():
+def test_the_first_bucket_measures_plain_decoding_then_one_proposal_then_the_best():
     policy = SpeculationPolicy(16)
-    measured(policy, decode=0.010, verify=0.011, propose_per_k=0.001)  # cheap draft, verification nearly free
-    assert policy.choose([0.9], 1, 4) == 4
-    # Per the model: at a = 0.5, k = 1 gives 1.5 tokens in 12 ms, k = 2 1.75 in 13.5 ms (interpolated), ...
-    rates = {k: expected_tokens(0.5, k) / (0.010 + 0.00025 * k + 0.001 * k) for k in range(1, 5)}
-    assert policy.choose([0.5], 1, 4) == max(rates, key=rates.get)
+    picks = run_rounds(policy, [0.9], 8, 30)
+    assert picks[:3] == [0, 1, 4]  # the baseline, the cheapest proposal, then the best k predicted from them
+    assert picks[3:BASELINE_AFTER] == [4] * (BASELINE_AFTER - 3)
+    assert picks[BASELINE_AFTER:].count(0) == 1  # the baseline's second measurement, once the bucket has run a while
+
+
+def test_settles_on_the_k_with_the_most_tokens_per_second():
+    def cost(k):  # a draft step costs a tenth of a target step, verification grows with k
+        return 0.010 + 0.0008 * k + (0.001 * k + 0.0003 if k else 0.0)
+
+    for rate in (0.5, 0.7, 0.9):
+        want = max(range(9), key=lambda k: expected_tokens(rate, k) / cost(k))
+        picks = run_rounds(SpeculationPolicy(8), [rate], 1, 120, cost, limit=8)
+        assert picks[-40:].count(want) >= 35, (rate, want, picks)
     # An expensive draft: only a very good one is worth it.
     expensive = SpeculationPolicy(16)
-    measured(expensive, decode=0.010, verify=0.012, propose_per_k=0.008)
-    assert expensive.choose([0.5], 1, 4) == 0
-    assert expensive.choose([0.99], 1, 4) > 0
+    assert run_rounds(expensive, [0.5], 1, 40, lambda k: 0.010 + 0.0005 * k + 0.008 * k)[-20:].count(0) >= 19  # a probe
+    assert run_rounds(expensive, [0.99], 1, 40, lambda k: 0.010 + 0.0005 * k + 0.008 * k)[-1] > 0
+
+
+def test_a_new_bucket_borrows_the_nearest_curve_and_measures_plain_decoding_later():
+    policy = SpeculationPolicy(8)
+    run_rounds(policy, [0.8], 1, 40)
+    picks = run_rounds(policy, [0.8] * 8, 8, 20)
+    assert picks[0] > 0 and 0 not in picks[:BASELINE_AFTER]  # speculates from its first round
+    assert 0 in picks[BASELINE_AFTER:]  # then measures its own baseline once
+
+
+def test_a_neighbour_measured_with_interference_is_measured_again():
+    """k = 5 measured once while something else ran: it looks slow, and so do 6-8 beyond it; measured again later
+    it is found cheap, and the choice climbs past it."""
+    policy = SpeculationPolicy(8)
+    cost = lambda k: 0.0067 + (0.0011 * k + 0.0004 if k else 0.0)  # noqa: E731 (a GPU at batch 1)
+    run_rounds(policy, [0.95], 1, 8, cost, limit=4)
+    policy.record_costs(1, 5, 5 * 0.0011 + 0.0004, 0.0067 * 1.25)  # verification 25% slower once
+    picks = run_rounds(policy, [0.95], 1, 80, cost, limit=8)
+    assert picks[-10:].count(8) >= 8
+
+
+def test_a_sequence_with_little_evidence_is_tested_before_speculation_stops():
+    """Plain decoding wins on a new sequence's estimate, but not on the estimate's upper bound: one proposal a
+    round tests it; a sequence with as low an estimate from much evidence decodes plainly."""
+    policy = SpeculationPolicy(8)
+    run_rounds(policy, [0.5], 1, 20)
+    cost_of_one = policy.round_costs(1, 1)
+    break_even = cost_of_one[1] / cost_of_one[0] - 1.0  # the rate at which one proposal pays
+    low = break_even - 0.05
+    policy.variant_counts["x"] = (1.0, low)  # a new variant whose first proposals were as low
+    unsure, sure = Acceptance(tested=4.0, accepted=4.0 * low), Acceptance(tested=400.0, accepted=400.0 * low)
+    assert policy.rate(unsure, "x") < break_even and policy.rate(sure, "x") < break_even
+    assert policy.choose([policy.rate(unsure, "x")], 1, 4) == 1
+    assert policy.choose([policy.rate(sure, "x")], 1, 4) == 0
 
 
 def test_a_useless_draft_is_switched_off_but_probed():
@@ -75,11 +120,10 @@ def test_a_draft_that_starts_agreeing_resets_the_probe_interval():
     assert picks[-1] == 1  # and a later useless spell is probed at the first interval again
 
 
-def test_stale_ends_are_measured_again():
+def test_plain_decoding_is_measured_again_when_stale():
     policy = SpeculationPolicy(16, refresh_interval=10)
-    measured(policy, decode=0.010, verify=0.011, propose_per_k=0.008)
-    picks = [policy.choose([0.3], 1, 4) for _ in range(12)]
-    assert 4 in picks  # the end not chosen for 10 rounds is measured once more
+    picks = run_rounds(policy, [0.9], 1, 40)
+    assert 0 in picks[15:]  # the baseline measured again after 10 rounds without it
 
 
 def test_interference_does_not_decide():
@@ -136,3 +180,42 @@ def test_a_lower_cap_interpolates_rather_than_measuring_its_own():
     measured(policy, decode=0.010, verify=0.011, propose_per_k=0.002)
     assert [policy.choose([0.0], 1, limit) for limit in (3, 2, 1)] == [0, 0, 0]
     assert policy.choose([0.95], 1, 2) == 2  # and a good draft still speculates up to its cap
+
+
+def test_a_switched_off_draft_that_starts_agreeing_speculates_again_within_a_few_probes():
+    policy = SpeculationPolicy(8, probe_interval=8)
+    cost = lambda k: 0.010 + 0.0005 * k + (0.001 * k + 0.0002 if k else 0.0)  # noqa: E731
+
+    def requests(n, agrees: bool) -> list[int]:
+        """n requests of 50 rounds each, one at a time."""
+        picks = []
+        for _ in range(n):
+            own = Acceptance()
+            for _ in range(50):
+                k = policy.choose([policy.rate(own, "d")], 1, 8)
+                picks.append(k)
+                if k:
+                    policy.record_acceptance(own, "d", k, k if agrees else 0)
+                policy.record_costs(1, k, cost(k) - cost(0) if k else 0.0, cost(0) + 0.0005 * k)
+        return picks
+
+    requests(8, agrees=False)
+    assert policy.variant_rate("d") < 0.05
+    assert not policy.worth_drafting("d", 1)
+    picks = requests(4, agrees=True)
+    first = next(i for i, k in enumerate(picks) if k > 1)
+    assert first < 8 * MAX_PROBE_BACKOFF + 30, picks  # the next probe agreed, and a few rounds later
+    assert picks[-20:].count(0) == 0 and policy.worth_drafting("d", 1)
+
+
+def test_a_plain_round_measured_with_interference_does_not_make_a_useless_draft_look_worth_it():
+    """Plain decoding measured once while something else ran (15x its cost), a proposal round measured cheap: a
+    verification of more rows never costs less than one of fewer, so plain decoding is at most that cheap, and
+    a draft that never agrees is switched off at once instead of proposing every round."""
+    policy = SpeculationPolicy(4)
+    policy.record_costs(1, 0, 0.0, 0.030)
+    policy.record_costs(1, 1, 0.001, 0.0021)
+    useless = Acceptance(tested=50.0, accepted=0.5)  # one proposal in a hundred
+    policy.variant_counts["d"] = (50.0, 0.5)
+    picks = [policy.choose([policy.rate(useless, "d")], 1, 4) for _ in range(20)]
+    assert picks.count(0) >= 19

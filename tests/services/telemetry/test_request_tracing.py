@@ -175,7 +175,9 @@ def test_tracing_off_makes_no_spans_and_sends_no_context(engine):
     pool.replicas[0] = recording
 
     async def main():
-        sequence = engine.coordinator.submit(engine.request("abc", SamplingParams(max_tokens=6, ignore_eos=True)))
+        # A fixed k: the draft is called whatever the policy has learnt of this tiny pair by now.
+        params = SamplingParams(max_tokens=6, ignore_eos=True, num_speculative_tokens=2, speculation="fixed")
+        sequence = engine.coordinator.submit(engine.request("abc", params))
         while not sequence.finished:
             assert sequence.trace_span is None
             await asyncio.sleep(0.01)
