@@ -19,8 +19,6 @@ later starts read it and time nothing. An explicit --weights / --target-weights 
 SPECSPLIT_LAYOUTS=defaults uses weight_formats.py's fixed defaults without measuring (the tests do).
 """
 
-import fcntl
-import json
 import logging
 import os
 import platform
@@ -34,6 +32,8 @@ import torch
 from torch import nn
 
 from specsplit.kernels.dispatch import batch_invariant
+from specsplit.services.runtime import json_cache
+from specsplit.services.runtime.json_cache import read_cache
 from specsplit.services.models.weight_formats import (
     LINEAR_LAYOUTS,
     _int8_available,
@@ -324,24 +324,9 @@ def default_cache_file() -> Path:
     return models_root() / CACHE_FILE
 
 
-def read_cache(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def write_cache(path: Path, key: str, entry: dict) -> None:
-    """Read-modify-write under a lock: a target and a draft starting together each add their own entry."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_suffix(".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            entries = read_cache(path)
-            entries[key] = entry
-            scratch = path.with_suffix(f".{os.getpid()}.tmp")
-            scratch.write_text(json.dumps(entries, indent=1, sort_keys=True))
-            os.replace(scratch, path)
+        json_cache.write_cache(path, key, entry)
     except OSError as error:  # a read-only cache measures again next start, nothing worse
         log.warning("could not cache the layout choice in %s: %s", path, error)
 

@@ -28,7 +28,6 @@ SPECSPLIT_OMP_WAIT overrides: passive | active | spin:N (GOMP_SPINCOUNT=N) | aut
 again and replace the cached choice).
 """
 
-import json
 import os
 import platform
 import subprocess
@@ -36,6 +35,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from specsplit.services.runtime import json_cache
+from specsplit.services.runtime.json_cache import read_cache
 
 WAIT_ENV = "SPECSPLIT_OMP_WAIT"
 CHOSEN_ENV = "SPECSPLIT_OMP_WAIT_CHOSEN"  # what a parent chose for the processes it starts
@@ -220,20 +222,8 @@ def default_cache_file() -> Path:
     return base / "specsplit" / CACHE_FILE
 
 
-def read_cache(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def write_cache(path: Path, key: str, entry: dict) -> None:
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        entries = read_cache(path)
-        entries[key] = entry
-        scratch = path.with_suffix(f".{os.getpid()}.tmp")
-        scratch.write_text(json.dumps(entries, indent=1, sort_keys=True))
-        os.replace(scratch, path)
+        json_cache.write_cache(path, key, entry)
     except OSError:
         pass  # a read-only cache measures again next start, nothing worse

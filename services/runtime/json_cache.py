@@ -1,0 +1,27 @@
+"""A small JSON file of measured choices keyed by machine (the CPU layouts, the OpenMP wait policy): read whole,
+updated entry by entry under a lock so processes starting together each add their own. Imports nothing heavy: the
+OpenMP choice runs before torch loads."""
+
+import fcntl
+import json
+import os
+from pathlib import Path
+
+
+def read_cache(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_cache(path: Path, key: str, entry: dict) -> None:
+    """Read-modify-write under a lock; raises OSError where the cache cannot be written."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        entries = read_cache(path)
+        entries[key] = entry
+        scratch = path.with_suffix(f".{os.getpid()}.tmp")
+        scratch.write_text(json.dumps(entries, indent=1, sort_keys=True))
+        os.replace(scratch, path)
