@@ -21,7 +21,6 @@ SPECSPLIT_LAYOUTS=defaults uses weight_formats.py's fixed defaults without measu
 
 import logging
 import os
-import platform
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from torch import nn
 from specsplit.kernels.dispatch import batch_invariant
 from specsplit.services.runtime import json_cache
 from specsplit.services.runtime.json_cache import read_cache
+from specsplit.services.runtime.machine import cpu_model
 from specsplit.services.models.weight_formats import (
     LINEAR_LAYOUTS,
     _int8_available,
@@ -291,16 +291,6 @@ class MatmulTimer:
                 head = convert(self.head) if self.head is not None else None
             self._converted[layout] = (layers, head)
         return self._converted[layout]
-
-
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def machine_key() -> dict:

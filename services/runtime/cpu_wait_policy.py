@@ -29,7 +29,6 @@ again and replace the cached choice).
 """
 
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -38,6 +37,7 @@ from pathlib import Path
 
 from specsplit.services.runtime import json_cache
 from specsplit.services.runtime.json_cache import read_cache
+from specsplit.services.runtime.machine import cpu_model
 
 WAIT_ENV = "SPECSPLIT_OMP_WAIT"
 CHOSEN_ENV = "SPECSPLIT_OMP_WAIT_CHOSEN"  # what a parent chose for the processes it starts
@@ -185,16 +185,6 @@ def measure_candidates(layout: str, steps: int = 12) -> dict[str, float]:
         out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=True)
         seconds[policy] = float(out.stdout.strip().splitlines()[-1])
     return seconds
-
-
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def machine_key(cores: int | None = None) -> dict:
