@@ -22,8 +22,8 @@ protobuf_ms (the same messages built, serialised, parsed and unpacked alone, in 
 
     python bench/bench_round_hops_cpu.py --null [--batches 1,8,32] [--calls 200]
 
-`--packing-ab`: the four messages alone with q packed the earlier way (a chain of torch calls per tensor) and the
-current way (numpy directly), interleaved in one process.
+(The `--packing-ab` mode that compared q packing the earlier way with the current one is retired: the earlier
+functions are gone; its results stay in bench/results/round_hops_packing_ab_cpu.json.)
 """
 
 import argparse
@@ -210,39 +210,6 @@ async def measure_null(address_draft, address_target, batch: int, calls: int, tr
              "transport_ms": round(1e3 * (statistics.median(s) - protobuf), 3)} for t, s in samples.items()]
 
 
-def packing_ab(batches: list[int], runs: int = 15) -> list[dict]:
-    import numpy as np
-
-    current = (msg.pack_ids, msg.pack_probs, msg.unpack_ids, msg.unpack_probs)
-    earlier = (lambda t: t.detach().to("cpu", torch.int32).contiguous().numpy().astype("<i4", copy=False).tobytes(),
-               lambda t: t.detach().to("cpu", torch.float32).contiguous().numpy().astype("<f4", copy=False).tobytes(),
-               lambda d, r, c: torch.from_numpy(np.frombuffer(d, dtype="<i4").astype(np.int64)).view(r, c),
-               lambda d, r, c: torch.from_numpy(np.frombuffer(d, dtype="<f4").copy()).view(r, c))
-    rows = []
-    try:
-        for batch in batches:
-            items = [ProposeItem(f"h{i}", 100, [5], K) for i in range(batch)]
-            ids, probs = torch.arange(batch * K * 32).view(batch, K, 32) % 200, torch.full((batch, K, 32), 1 / 32)
-            proposals = [Proposal(list(range(10, 10 + K)), ids[b], probs[b], 100) for b in range(batch)]  # views, as
-            verify_items = [VerifyItem(f"h{i}", 100, [5], p.token_ids, p.q_token_ids.clone(), p.q_probs.clone())
-                            for i, p in enumerate(proposals)]                                         # the proposer's
-            verdicts = [Verdict(K, list(range(10, 10 + K)) + [5], None, 104) for _ in range(batch)]
-            samples = {"earlier": [], "current": []}
-            for _ in range(runs):
-                for name, functions in (("earlier", earlier), ("current", current)):
-                    msg.pack_ids, msg.pack_probs, msg.unpack_ids, msg.unpack_probs = functions
-                    samples[name].append(protobuf_seconds(items, proposals, verify_items, verdicts, 10))
-            row = {"batch": batch}
-            for name, values in samples.items():
-                row[f"{name}_min_ms"] = round(1e3 * min(values), 3)
-                row[f"{name}_median_ms"] = round(1e3 * statistics.median(values), 3)
-            rows.append(row)
-            print(row, flush=True)
-    finally:
-        msg.pack_ids, msg.pack_probs, msg.unpack_ids, msg.unpack_probs = current
-    return rows
-
-
 def main_null(args, target_dir: Path, draft_dir: Path, env: dict) -> list[dict]:
     import subprocess
 
@@ -283,13 +250,8 @@ def main() -> None:
     parser.add_argument("--name", default="round_hops_cpu")
     parser.add_argument("--null", action="store_true", help="the hop alone: workers return ready-made results")
     parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument("--packing-ab", action="store_true", help="q packing, earlier vs current, messages alone")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    if args.packing_ab:
-        rows = packing_ab([int(b) for b in args.batches.split(",")])
-        print(f"wrote {write_results(args.name, rows, {'k': K, 'q_support': 32})}")
-        return
     root = Path(tempfile.mkdtemp())
     target = build_model("qwen2", seed=0)
     target_dir = save_model(target, root / "target")

@@ -5,7 +5,6 @@ float32 and arrives bit-identical.
 """
 
 import numpy as np
-import torch
 
 from specsplit.proto.v1 import worker_pb2
 from specsplit.services.errors import InvalidArgument
@@ -49,16 +48,7 @@ def sampling_from_pb(m: worker_pb2.WorkerSampling) -> WorkerSampling:
 
 def _checked(decode, items) -> list:
     """Decode each item; one that fails its checks becomes its InvalidArgument, in place."""
-    out = []
-    for item in items:
-        try:
-            handle = item.handle
-            if not (0 < len(handle) <= MAX_HANDLE_BYTES and handle.isascii()):  # the usual handle: no call
-                check_string("sequence handle", handle, MAX_HANDLE_BYTES, required=True)
-            out.append(decode(item))
-        except InvalidArgument as error:
-            out.append(error)
-    return out
+    return _checked_columns([item.handle for item in items], lambda i: decode(items[i]))
 
 
 def _logprobs(m):
@@ -76,14 +66,6 @@ def pack_ids(t) -> bytes:
 def pack_probs(t) -> bytes:
     """Probabilities (a torch tensor or numpy array) as packed little-endian float32."""
     return _as_numpy(t).astype("<f4", copy=False).tobytes()
-
-
-def unpack_ids(data: bytes, rows: int, cols: int) -> torch.Tensor:
-    return torch.from_numpy(np.frombuffer(data, dtype="<i4").astype(np.int64).reshape(rows, cols))
-
-
-def unpack_probs(data: bytes, rows: int, cols: int) -> torch.Tensor:
-    return torch.from_numpy(np.frombuffer(data, dtype="<f4").reshape(rows, cols).copy())
 
 
 def _as_numpy(t) -> np.ndarray:
@@ -211,16 +193,6 @@ def _q_rows(id_bytes: bytes, prob_bytes: bytes, counts: list[int], supports: lis
         raise InvalidArgument(f"q must hold {total} entries of 4 bytes; got {len(id_bytes)} and {len(prob_bytes)} bytes")
     ids = np.frombuffer(id_bytes, dtype="<i4").astype(np.int64)
     probs = np.frombuffer(prob_bytes, dtype="<f4")
-    widths = set(supports)
-    if len(widths) == 1 and total:  # one support for every sequence (the usual batch): slice rows of one matrix
-        width = max(widths.pop(), 1)
-        id_rows, prob_rows = ids.reshape(-1, width), probs.reshape(-1, width)
-        out_ids, out_probs, row = [], [], 0
-        for count in counts:
-            out_ids.append(id_rows[row : row + count] if count else None)
-            out_probs.append(prob_rows[row : row + count] if count else None)
-            row += count
-        return out_ids, out_probs
     out_ids, out_probs, start = [], [], 0
     for size, count, support in zip(sizes, counts, supports):
         if count:
