@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import grpc  # noqa: E402
 
 from bench_common import print_table, write_results  # noqa: E402
-from specsplit.services.rpc.round_channel import LoopSpinner, RoundChannelClient, RoundChannelServer  # noqa: E402
+from specsplit.services.rpc.round_channel import RoundChannelClient, RoundChannelServer, loop_spinner  # noqa: E402
 
 IDENTITY = lambda b: b  # noqa: E731
 
@@ -44,7 +44,7 @@ class _Bytes:
 
 
 async def _serve(kind: str, spin: bool) -> None:
-    spinner = LoopSpinner() if spin else None
+    spinner = loop_spinner() if spin else None
     if kind == "grpc_stream":
         server = grpc.aio.server()
 
@@ -78,7 +78,7 @@ async def _serve(kind: str, spin: bool) -> None:
 
 async def _round_trips(kind: str, port: int, spin: bool, messages: int, size: int) -> list[float]:
     payload = b"x" * size
-    spinner = LoopSpinner() if spin else None
+    spinner = loop_spinner() if spin else None
     if spinner is not None:
         spinner.hold()
     samples = []

@@ -9,8 +9,9 @@ UNAUTHENTICATED answer:
 - while the score (rounded) is at most FREE_FAILURES the answer comes at once (a typo, a client restarted with an
   old token); then after FIRST_DELAY_SECONDS, doubling with each point of score, up to MAX_DELAY_SECONDS: a client
   retrying a bad token in a loop is answered at once 3 times, then after 0.1, 0.2, 0.4, 0.8, 1.6, 2, 2, ... s;
-- an address gets at most MAX_ANSWERS_PER_SECOND failure answers a second: a failure also waits for its address's
-  next free answer slot, so failures sent side by side queue instead of coming back together;
+- below the waiting bounds, an address gets at most MAX_ANSWERS_PER_SECOND failure answers a second: a failure
+  also waits for its address's next free answer slot, so failures sent side by side queue instead of coming back
+  together;
 - at most MAX_WAITING_PER_ADDRESS failures of one address and MAX_WAITING of all wait at a time, and at most
   MAX_ADDRESSES addresses are remembered (the one that failed longest ago is forgotten first): memory stays
   bounded under a flood or a spray of addresses. A failure beyond a waiting bound is answered at once: holding it
@@ -19,9 +20,10 @@ UNAUTHENTICATED answer:
 
 The wait is an asyncio sleep: it holds no thread, and calls with valid credentials on the same connection pass it.
 Every call's credentials are compared (a valid one has to be recognised to be served at once), so what is bounded
-per address is the answers to failures, not the comparisons (a few hundred nanoseconds each). With secrets of 128
-bits or more guessing is hopeless at any rate; what this bounds is the work and the log lines a client with a
-stale token, or a hostile one, costs.
+per address is the answers to failures, not the comparisons (a few hundred nanoseconds each), and a caller that
+sends guesses side by side is not slowed in guessing. That is why secrets and tokens have a minimum length
+(worker_credentials.MIN_SECRET_CHARS; generated ones are 256 bits): guessing is hopeless at any rate, and what this
+bounds is the work and the log lines a client with a stale token, or a hostile one, costs.
 """
 
 import asyncio

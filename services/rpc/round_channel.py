@@ -11,8 +11,9 @@ listens (WorkerInfo.round_port).
 
 Frames: a 5-byte header (little-endian uint32 payload length, one byte kind) and the payload.
 - HELLO (client, first frame): "coordinator id\\n worker secret" in UTF-8 (the secret empty where none is
-  set). A worker with a secret checks it as it checks gRPC calls (caller_auth.SecretCheck, same throttle); a wrong
-  one is answered with an ERROR frame (UNAUTHENTICATED) after the throttle's delay, and the connection closes.
+  set), at most MAX_HELLO_BYTES. A worker with a secret checks it as it checks gRPC calls (caller_auth.SecretCheck,
+  same throttle) before anything else: a wrong one, or a first frame that is no hello, is answered with an ERROR
+  frame (UNAUTHENTICATED) after the throttle's delay, and the connection closes.
   TLS and mutual TLS are the worker's gRPC settings, on this socket too.
 - REQUEST / RESPONSE: one serialized request message, answered by one response message, in order.
 - ERROR: a google.rpc code (4 bytes) and a message; the worker closes the connection after sending one (bytes
@@ -22,20 +23,27 @@ Frames: a 5-byte header (little-endian uint32 payload length, one byte kind) and
 import asyncio
 import logging
 import os
+import socket
 import ssl
 import struct
+import weakref
+
+import grpc
 
 from specsplit.services.errors import InvalidArgument, SpecsplitError, Unavailable
-from specsplit.services.rpc.auth_throttle import peer_address
+from specsplit.services.rpc.server import MAX_MESSAGE_BYTES
 from specsplit.services.rpc.status_codes import code_number, error_from_status, status_code_for
 from specsplit.services.rpc.step_batcher import compute_threads_busy
+from specsplit.services.rpc.worker_credentials import MAX_OWNER_BYTES, checked_owner
 
 log = logging.getLogger(__name__)
 
 HEADER = struct.Struct("<IB")
 HELLO, REQUEST, RESPONSE, ERROR = 1, 2, 3, 4
-MAX_FRAME_BYTES = 64 * 1024 * 1024  # as gRPC's message limit (rpc/server.py)
-UNAUTHENTICATED = 16                # google.rpc.Code
+MAX_FRAME_BYTES = MAX_MESSAGE_BYTES  # as gRPC's message limit
+MAX_HELLO_BYTES = 4096               # read before the caller is authenticated: an id and a secret, no more
+UNAUTHENTICATED = code_number(grpc.StatusCode.UNAUTHENTICATED)
+INTERNAL = code_number(grpc.StatusCode.INTERNAL)
 HELLO_SECONDS = 10.0                # a connection that says nothing is dropped
 SPIN_AFTER_ANSWER_SECONDS = 0.05    # a spinning worker keeps its loop hot this long after each answer
 YIELD_SECONDS = 0.0005              # how a spinning loop waits while a compute thread needs the GIL
@@ -45,10 +53,10 @@ def encode_frame(kind: int, payload: bytes) -> bytes:
     return HEADER.pack(len(payload), kind) + payload
 
 
-async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+async def read_frame(reader: asyncio.StreamReader, limit: int = MAX_FRAME_BYTES) -> tuple[int, bytes]:
     size, kind = HEADER.unpack(await reader.readexactly(HEADER.size))
-    if size > MAX_FRAME_BYTES:
-        raise InvalidArgument(f"a frame of {size} bytes is over the {MAX_FRAME_BYTES}-byte limit")
+    if size > limit:
+        raise InvalidArgument(f"a frame of {size} bytes is over the {limit}-byte limit")
     return kind, await reader.readexactly(size)
 
 
@@ -72,6 +80,16 @@ def spin_wait_default(on_accelerator: bool) -> bool:
     except AttributeError:
         cores = os.cpu_count() or 1
     return on_accelerator and cores >= 4
+
+
+def loop_spinner() -> "LoopSpinner":
+    """The running event loop's one spinner: every client and server of the loop holds the same one, so one task
+    spins however many channels wait."""
+    loop = asyncio.get_running_loop()
+    spinner = _SPINNERS.get(loop)
+    if spinner is None:
+        spinner = _SPINNERS[loop] = LoopSpinner()
+    return spinner
 
 
 class LoopSpinner:
@@ -110,6 +128,9 @@ class LoopSpinner:
             await asyncio.sleep(YIELD_SECONDS if compute_threads_busy() else 0)
 
 
+_SPINNERS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopSpinner]" = weakref.WeakKeyDictionary()
+
+
 class RoundChannelServer:
     """Serves a worker's round call: `handle(payload, owner)` -> response bytes (raises SpecsplitError)."""
 
@@ -117,7 +138,7 @@ class RoundChannelServer:
         self._handle = handle
         self._check = check  # caller_auth.SecretCheck of the worker's secret, or None (no secret)
         self._ssl = ssl_context
-        self._spinner = LoopSpinner() if spin else None
+        self._spin = spin
         self._server = None
         self._connections: set = set()
 
@@ -134,7 +155,7 @@ class RoundChannelServer:
 
     async def _serve(self, reader, writer) -> None:
         _no_delay(writer)
-        address = peer_address(_peer(writer))
+        address = (writer.get_extra_info("peername") or ("?",))[0]
         self._connections.add(writer)
         try:
             owner = await asyncio.wait_for(self._hello(reader, address), HELLO_SECONDS)
@@ -151,9 +172,13 @@ class RoundChannelServer:
                     writer.write(error_frame(code_number(status_code_for(error)), str(error)))
                     log.warning("round channel from %s ended: %s", address, error)
                     return
+                except Exception as error:  # a worker bug: reported as gRPC reports it (INTERNAL), not as a lost
+                    writer.write(error_frame(INTERNAL, type(error).__name__))  # replica the caller fails over from
+                    log.exception("round channel from %s: the round call failed", address)
+                    return
                 writer.write(encode_frame(RESPONSE, response))
-                if self._spinner is not None:
-                    self._spinner.hold(SPIN_AFTER_ANSWER_SECONDS)  # the next round's request comes soon
+                if self._spin:
+                    loop_spinner().hold(SPIN_AFTER_ANSWER_SECONDS)  # the next round's request comes soon
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError, asyncio.CancelledError):
             return  # the coordinator went away or said nothing, or this worker stops: nothing to answer
         except InvalidArgument as error:
@@ -164,16 +189,29 @@ class RoundChannelServer:
             writer.close()
 
     async def _hello(self, reader, address: str) -> str | None:
-        """The caller's coordinator id once it proved it knows the secret (where one is set); None otherwise."""
-        kind, payload = await read_frame(reader)
-        if kind != HELLO:
-            raise InvalidArgument("the first frame must be a hello")
-        owner, _, secret = payload.decode(errors="replace").partition("\n")
-        if len(owner) > 64:
-            raise InvalidArgument("coordinator id must be at most 64 bytes")
-        if self._check is not None and not self._check.valid(secret.encode()):
+        """The caller's coordinator id once it proved it knows the secret (where one is set); None when it did not.
+        As gRPC checks the secret before it reads a message, so here: where a secret is set, a first frame that is
+        no hello (another kind, over the hello's small limit) is a failed secret, throttled like one and never
+        logged per connection; the id is checked only after the secret."""
+        try:
+            kind, payload = await read_frame(reader, MAX_HELLO_BYTES)
+            if kind != HELLO:
+                raise InvalidArgument("the first frame must be a hello")
+        except InvalidArgument:
+            if self._check is None:
+                raise
             await self._check.refuse(address)
             return None
+        owner, _, secret = payload.partition(b"\n")
+        if self._check is not None and not self._check.valid(secret):
+            await self._check.refuse(address)
+            return None
+        try:
+            owner = checked_owner(owner.decode())  # the bound the gRPC calls get (worker_credentials.caller_owner)
+        except UnicodeDecodeError:
+            owner = None
+        if owner is None:
+            raise InvalidArgument(f"coordinator id must be UTF-8 of at most {MAX_OWNER_BYTES} bytes")
         return owner
 
 
@@ -186,15 +224,16 @@ class RoundChannelClient:
         self.host, self.port = host, port
         self._hello = encode_frame(HELLO, f"{owner}\n{secret or ''}".encode())
         self._ssl, self._server_hostname = ssl_context, server_hostname
-        self._spinner = LoopSpinner() if spin else None
+        self._spin = spin
         self._lock = asyncio.Lock()
         self._reader = self._writer = None
 
     async def request(self, message, response_type):
         """Send `message` (a protobuf request), return the `response_type` message that answers it."""
         async with self._lock:
-            if self._spinner is not None:
-                self._spinner.hold()
+            spinner = loop_spinner() if self._spin else None
+            if spinner is not None:
+                spinner.hold()
             try:
                 if self._writer is None:
                     await self._connect()
@@ -207,8 +246,8 @@ class RoundChannelClient:
                 self._close()
                 raise
             finally:
-                if self._spinner is not None:
-                    self._spinner.release()
+                if spinner is not None:
+                    spinner.release()
             if kind == ERROR:
                 self._close()
                 raise error_from_frame(payload)
@@ -260,17 +299,7 @@ def client_ssl_context(security) -> ssl.SSLContext | None:
 def _no_delay(writer) -> None:
     sock = writer.get_extra_info("socket")
     if sock is not None:
-        import socket
-
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
-
-
-def _peer(writer) -> str:
-    peer = writer.get_extra_info("peername")
-    if not peer:
-        return "?"
-    host = peer[0]
-    return f"ipv6:[{host}]:{peer[1]}" if ":" in host else f"ipv4:{host}:{peer[1]}"

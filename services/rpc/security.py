@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 
 from specsplit.services.rpc.caller_auth import OPEN_SERVICES, SecretCheck, SecretCheckInterceptor, bearer_token
+from specsplit.services.rpc.worker_credentials import MIN_SECRET_CHARS
 
 PUBLIC_OPEN_SERVICES = OPEN_SERVICES
 
@@ -70,6 +71,8 @@ def read_tokens(path: str) -> list[str]:
     tokens = [line.strip() for line in Path(path).read_text().splitlines() if line.strip() and not line.startswith("#")]
     if not tokens:
         raise ValueError(f"{path} holds no tokens")
+    if any(len(token) < MIN_SECRET_CHARS for token in tokens):  # the failure throttle slows answers, not guesses
+        raise ValueError(f"{path}: every token needs at least {MIN_SECRET_CHARS} characters")
     return tokens
 
 

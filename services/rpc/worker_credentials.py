@@ -87,7 +87,12 @@ def is_loopback(host: str) -> bool:
 
 def caller_owner(context) -> str | None:
     """The calling coordinator's id ("" for a caller that sends none); None when it is not a bounded string."""
-    value = next((v for k, v in context.invocation_metadata() or () if k == COORDINATOR_ID_HEADER), "")
+    return checked_owner(next((v for k, v in context.invocation_metadata() or () if k == COORDINATOR_ID_HEADER), ""))
+
+
+def checked_owner(value) -> str | None:
+    """A coordinator id as given (gRPC metadata, the round channel's hello); None unless a string of at most
+    MAX_OWNER_BYTES bytes."""
     try:
         check_string("coordinator id", value if isinstance(value, str) else "\0" * (MAX_OWNER_BYTES + 1), MAX_OWNER_BYTES)
     except InvalidArgument:

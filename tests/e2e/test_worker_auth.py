@@ -25,7 +25,8 @@ from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
 from specsplit.services.draft.proposer import ProposeItem
 from specsplit.services.errors import InvalidArgument, Unavailable
 from specsplit.services.rpc import worker_messages as msg
-from specsplit.services.rpc.round_channel import RoundChannelClient
+from specsplit.services.rpc.round_channel import ERROR, HEADER, HELLO, MAX_HELLO_BYTES, REQUEST, RoundChannelClient, \
+    encode_frame, error_from_frame, read_frame
 from specsplit.services.service_commands import spawn_service
 from specsplit.services.target.verifier import VerifyItem
 
@@ -345,6 +346,34 @@ def test_bytes_that_are_no_message_end_the_round_channel_alone(guarded):
     assert item_codes(asyncio.run(main())) == [grpc.StatusCode.NOT_FOUND.value[0]]
     with Client(guarded["coordinator"], timeout=60) as client:
         assert len(client.generate([1, 2, 3], max_tokens=4, ignore_eos=True).token_ids) == 4
+
+
+@pytest.mark.parametrize("kind, hello, refusal", [
+    (HELLO, b"x" * (MAX_HELLO_BYTES + 1), Unavailable),          # over the hello's limit: refused from its header
+    (REQUEST, b"\n" + SECRET.encode(), Unavailable),             # no hello first, even one holding the secret
+    (HELLO, b"c" * 65 + b"\nwrong-secret", Unavailable),         # a bad id with a wrong secret: the secret speaks
+    (HELLO, b"c" * 65 + b"\n" + SECRET.encode(), InvalidArgument),   # a bad id with the right one: the id does
+    (HELLO, "é".encode() * 33 + b"\n" + SECRET.encode(), InvalidArgument),  # 33 characters, 66 bytes
+], ids=["oversized", "not-a-hello", "long-id-wrong-secret", "long-id", "long-id-in-bytes"])
+def test_the_hello_is_checked_secret_first_and_within_bounds(guarded, kind, hello, refusal):
+    """The hello is read before the caller is authenticated, so it is small (a larger one is refused from its
+    header, nothing buffered), and as on gRPC the secret is checked first: without it every refusal is the
+    throttled UNAUTHENTICATED; with it, a coordinator id over the gRPC calls' bound is INVALID_ARGUMENT."""
+    async def say():
+        port = _describe(guarded["target"], ((WORKER_SECRET_HEADER, SECRET),), worker_pb2_grpc.TargetWorkerStub).round_port
+        reader, writer = await asyncio.open_connection(guarded["target"].rpartition(":")[0], port)
+        try:
+            frame = encode_frame(kind, hello)
+            writer.write(frame[:HEADER.size] if len(hello) > MAX_HELLO_BYTES else frame)
+            return await asyncio.wait_for(read_frame(reader), 30)
+        finally:
+            writer.close()
+
+    answer_kind, payload = asyncio.run(say())
+    assert answer_kind == ERROR
+    error = error_from_frame(payload)
+    assert isinstance(error, refusal), error
+    assert ("refused the round channel" if refusal is Unavailable else "coordinator id") in str(error)
 
 
 class _Garbage:
