@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_common import print_table, write_results  # noqa: E402
 from specsplit.proto.v1 import worker_pb2  # noqa: E402
+from specsplit.services.rpc.caller_auth import SecretCheck  # noqa: E402
 from specsplit.services.rpc.malformed_requests import MalformedRequestInterceptor  # noqa: E402
 from specsplit.services.rpc.server import SERVER_OPTIONS  # noqa: E402
 from specsplit.services.rpc.worker_credentials import (  # noqa: E402
@@ -114,13 +115,13 @@ async def _stream_msg_us(channel, messages: int) -> float:
 async def main(args) -> list[dict]:
     rows = []
     passthrough = await _interceptor_us(PassThrough(), 20_000)
-    check = await _interceptor_us(worker_secret_interceptor(SECRET), 20_000) - passthrough
+    check = await _interceptor_us(worker_secret_interceptor(SecretCheck([SECRET])), 20_000) - passthrough
     guard_interceptor = MalformedRequestInterceptor()
     guard = await _interceptor_us(guard_interceptor, 20_000) - passthrough
     rows.append({"measure": "check_us", "us": check})
     rows.append({"measure": "guard_us", "us": guard})
     variants = {"none": [], "guard": [MalformedRequestInterceptor()],
-                "secret": [worker_secret_interceptor(SECRET), MalformedRequestInterceptor()]}
+                "secret": [worker_secret_interceptor(SecretCheck([SECRET])), MalformedRequestInterceptor()]}
     servers = {name: await _server(interceptors) for name, interceptors in variants.items()}
     channels = {name: grpc.aio.insecure_channel(f"127.0.0.1:{port}") for name, (_, port) in servers.items()}
     unary = {name: [] for name in variants}

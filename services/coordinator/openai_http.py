@@ -27,7 +27,7 @@ from specsplit.services.coordinator import openai_messages as om
 from specsplit.services.coordinator.coordinator import Coordinator
 from specsplit.services.coordinator.generation import GenerationRequest, GenerationResult
 from specsplit.services.errors import InvalidArgument, ResourceExhausted, SpecsplitError, Unavailable
-from specsplit.services.rpc.caller_auth import SecretCheck
+from specsplit.services.rpc.caller_auth import SecretCheck, bearer_header
 from specsplit.services.telemetry import tracing
 from specsplit.services.telemetry.trace_propagation import caller_context
 from specsplit.services.tokenization import encode_for_request
@@ -70,13 +70,10 @@ def error_response(error: Exception) -> web.Response:
 
 
 class OpenAIHTTPServer:
-    def __init__(self, coordinator: Coordinator, model: str, auth_tokens: SecretCheck | list[str] | None = None,
-                 security=None):
+    def __init__(self, coordinator: Coordinator, model: str, auth_tokens: SecretCheck | None = None, security=None):
         self.coordinator = coordinator
         self.model = model
-        if isinstance(auth_tokens, list):  # else the gRPC API's SecretCheck (one throttle for both), or None
-            auth_tokens = SecretCheck(auth_tokens) if auth_tokens else None
-        self._tokens = auth_tokens
+        self._tokens = auth_tokens  # the gRPC API's SecretCheck (one throttle for both), or None
         self.security = security  # a ServerSecurity (TLS, optionally mutual), or None for plain HTTP
         self.created = int(time.time())
         self._runner: web.AppRunner | None = None
@@ -153,9 +150,7 @@ class OpenAIHTTPServer:
     @web.middleware
     async def _authenticate(self, request, handler):
         if self._tokens is not None and request.path not in OPEN_PATHS:
-            header = request.headers.get("Authorization", "")
-            presented = header[7:].strip().encode() if header.lower().startswith("bearer ") else b""
-            if not self._tokens.valid(presented):
+            if not self._tokens.valid(bearer_header(request.headers.get("Authorization", ""))):
                 await self._tokens.refuse(request.remote or "?")  # slowed per address; valid tokens never wait
                 body = om.error_json("missing or invalid bearer token", "authentication_error", "invalid_api_key")
                 return web.json_response(body, status=401, headers={"WWW-Authenticate": "Bearer"})

@@ -81,6 +81,11 @@ def metadata_value(metadata, key: str) -> str:
 
 
 def bearer_token(metadata) -> bytes:
-    """`authorization: Bearer TOKEN`, the scheme written exactly so (as every client sends it)."""
-    header = metadata_value(metadata, "authorization")
+    """The token of a gRPC call's `authorization` metadata (bearer_header)."""
+    return bearer_header(metadata_value(metadata, "authorization"))
+
+
+def bearer_header(header: str) -> bytes:
+    """`Bearer TOKEN`, the scheme written exactly so (as every client sends it), for the gRPC and HTTP APIs alike;
+    anything else presents no token."""
     return header[7:].encode() if header.startswith("Bearer ") else b""

@@ -79,11 +79,10 @@ def read_tokens(path: str) -> list[str]:
 class BearerTokenInterceptor(SecretCheckInterceptor):
     """Refuse calls without a valid bearer token with UNAUTHENTICATED (health and reflection stay open); the token is
     compared exactly (case-sensitive, scheme `Bearer`), in constant time; failures are slowed per address.
-    `tokens`: the tokens, or a SecretCheck shared with the HTTP API."""
+    `tokens`: the SecretCheck of the tokens, shared with the HTTP API (one throttle)."""
 
-    def __init__(self, tokens: list[str] | SecretCheck):
-        check = tokens if isinstance(tokens, SecretCheck) else SecretCheck(tokens)
-        super().__init__(check, bearer_token, "missing or invalid bearer token")
+    def __init__(self, tokens: SecretCheck):
+        super().__init__(tokens, bearer_token, "missing or invalid bearer token")
 
 
 def add_server_tls_args(p) -> None:

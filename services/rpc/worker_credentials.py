@@ -49,10 +49,9 @@ def load_worker_secret(path: str | None = None) -> str | None:
     return value
 
 
-def worker_secret_interceptor(secret: str | SecretCheck) -> SecretCheckInterceptor:
-    """Every worker method, unary or streaming, present or added later, checks the secret (caller_auth.py). A
-    SecretCheck given instead of the secret shares its failure throttle (with the round channel)."""
-    check = secret if isinstance(secret, SecretCheck) else SecretCheck([secret])
+def worker_secret_interceptor(check: SecretCheck) -> SecretCheckInterceptor:
+    """Every worker method, unary or streaming, present or added later, checks the secret (caller_auth.py); `check`
+    is shared with the round channel (one failure throttle)."""
     return SecretCheckInterceptor(check, presented_worker_secret, "missing or invalid worker secret")
 
 

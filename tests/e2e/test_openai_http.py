@@ -208,6 +208,24 @@ def test_bad_requests_are_400_with_openai_errors(served, http, model_id):
     assert raw.value.code == 400 and set(body["error"]) == {"message", "type", "param", "code"}
 
 
+def test_the_http_token_is_compared_as_exactly_as_over_grpc(served, model_id):
+    """One parser for both APIs (caller_auth.bearer_header): only `Bearer TOKEN` exactly."""
+    def status(header):
+        request = urllib.request.Request(_http_url(served, "main") + "/models",
+                                         headers={"Authorization": header} if header is not None else {})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status
+        except urllib.error.HTTPError as error:
+            return error.code
+
+    # (A trailing space is no case here: HTTP strips a field value's surrounding whitespace before anyone reads it.)
+    for header in (f"bearer {TOKEN}", f"BEARER {TOKEN}", f"Bearer  {TOKEN}", f"Bearer {TOKEN.upper()}", f"Bearer {TOKEN[:-1]}",
+                   None):
+        assert status(header) == 401, header
+    assert status(f"Bearer {TOKEN}") == 200
+
+
 def test_bad_token_is_401(served, model_id):
     wrong = openai.OpenAI(base_url=_http_url(served, "main"), api_key="not-the-token", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as error:
