@@ -122,6 +122,9 @@ def check_streams_kept_going(results, arrivals, window, tokens_at_freeze, refere
     # Each stream went on while the replica was still frozen: it did not wait for it.
     assert min(during) >= PROGRESS_CHUNKS, (during, f"frozen for {resumed_at - frozen_at:.1f} s")
     gaps = [longest_gap([frozen_at] + [t for t in times if t > frozen_at], resumed_at) for times in arrivals]
+    # "About a second": ~1.1 s on a loaded 2-core machine; a tenfold margin still catches hang detection that
+    # regressed toward the transport's minute (the deadline alone would let 29 s pass).
+    assert resumed_at - frozen_at < FREEZE_DEADLINE_SECONDS / 3, f"frozen for {resumed_at - frozen_at:.1f} s"
     return max(gaps), resumed_at - frozen_at
 
 
