@@ -33,11 +33,9 @@ def compute_threads_busy() -> bool:
 
 
 class StepBatcher:
-    def __init__(self, handlers: dict[str, Callable[[list], list]], name: str = "worker", inline: bool = True):
-        """`inline`: allow a lone caller's round calls to run on the calling thread (see the module docstring)."""
+    def __init__(self, handlers: dict[str, Callable[[list], list]], name: str = "worker"):
         self._handlers = handlers
-        self._name = name
-        self._inline = inline
+        self._marks = (f"{name}.step_start", f"{name}.step_end")  # the round timeline's names for a step
         self._pending: deque = deque()
         self._cond = threading.Condition()
         self._busy = False                 # a step is running, inline or on the compute thread
@@ -84,7 +82,7 @@ class StepBatcher:
         now = time.monotonic()
         with self._cond:
             self._callers[caller] = now
-            if not self._inline or kind not in INLINE_KINDS or self._busy or self._pending or self._stopped:
+            if kind not in INLINE_KINDS or self._busy or self._pending or self._stopped:
                 return False
             if len(self._callers) > 1:
                 for other, last in list(self._callers.items()):
@@ -97,14 +95,14 @@ class StepBatcher:
             return True
 
     def _run(self, kind: str, items: list):
-        round_timeline.mark(f"{self._name}.step_start")
+        round_timeline.mark(self._marks[0])
         try:
             results = self._handlers[kind](items)
         except Exception as error:  # a failed step fails its calls, not the worker
             log.exception("%s step failed", kind)
             results = [error] * len(items)
         self.steps += 1
-        round_timeline.mark(f"{self._name}.step_end")
+        round_timeline.mark(self._marks[1])
         return results
 
     def _take_batch(self):

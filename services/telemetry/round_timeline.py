@@ -32,10 +32,6 @@ def set_role(role: str) -> None:
     _role[0] = role
 
 
-def marks() -> list[tuple[str, int]]:
-    return list(_marks)
-
-
 def _write() -> None:
     if _marks:
         with open(f"{PREFIX}.{_role[0]}.{os.getpid()}.json", "w") as out:
