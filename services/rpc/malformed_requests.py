@@ -1,7 +1,8 @@
 """Bytes that do not parse as the method's request message are the caller's mistake: INVALID_ARGUMENT and one log
 line, not UNKNOWN and a traceback per call (gRPC's own handling when a deserializer raises).
 
-Every method is covered, whatever its kind: the interceptor swaps its deserializer for one that returns a marker
+Every asyncio method is covered, whatever its kind (every servicer here is asyncio; a synchronous handler would be
+left as it is, see guarded_handler): the interceptor swaps its deserializer for one that returns a marker
 instead of raising. A unary request that is a marker is refused before the servicer sees it. A streaming method
 reads its requests through an iterator that ends the call with INVALID_ARGUMENT at the first marker; it reads each
 message as gRPC's own iterator does (no extra step per message). The wrapped handlers are built once per method,
