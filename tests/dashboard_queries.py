@@ -68,8 +68,22 @@ def named_metrics(board: dict | None = None, operator: bool | None = None) -> di
     return names
 
 
+def scrape(url: str) -> dict[tuple, float]:
+    """{(sample name, sorted labels): value} from the Prometheus text page at `url`/metrics."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text) for s in family.samples
+    }
+
+
 def exported(samples: dict) -> dict[str, set[str]]:
-    """{sample name: label names} from cluster.scrape()'s {(name, labels): value}."""
+    """{sample name: label names} from scrape()'s {(name, labels): value}."""
     out: dict[str, set[str]] = {}
     for name, labels in samples:
         out.setdefault(name, set()).update(key for key, _ in labels)
