@@ -6,7 +6,8 @@ speculation did:
   itl_ms: the gaps between consecutive pieces of output (a streamed chunk may carry several tokens: with
   speculation, a round's accepted tokens arrive together); e2el_ms: request latency. Each {mean, p50, p90, p99};
 - acceptance_rate: accepted / drafted tokens; tokens_per_round: tokens per target verification
-  ((accepted + rounds) / rounds, the first token, from prefill, not counted). None from other servers.
+  ((accepted + rounds) / rounds, the first token, from prefill, not counted; every round, k = 0 ones included: the
+  dashboard's "tokens per speculative round" counts only rounds that verified proposals). None from other servers.
 """
 
 import math
