@@ -201,7 +201,8 @@ def _report_runs(args, runs: list, config: dict) -> int:
         body = {**config, **(summaries[0] if len(summaries) == 1 else {}), "runs": summaries}
         print(f"wrote {write_json(args.json, result_record('serve', body))}", file=sys.stderr)
     if args.plot:
-        from specsplit.bench.plot import latency_samples, plot_runs
+        from specsplit.bench.plot import plot_runs
+        from specsplit.bench.summary import latency_samples
 
         plot_runs(args.plot, summaries, [latency_samples(run) for run in runs], title=f"{config['server']}")
         print(f"wrote {args.plot}", file=sys.stderr)
