@@ -2,7 +2,8 @@
 8-96 tokens, prompts up to 200 characters, 5% deliberately invalid) from `--concurrency` clients at once through a
 real `specsplit serve` (specsplit/bench/serve_process.py), sent and timed by the harness's driver and gRPC client.
 Beside the harness's numbers: the status of every request (the invalid ones must be INVALID_ARGUMENT, nothing
-else), each process's memory over the run, and the KV blocks left held at the end (must be zero).
+else), each process's memory over the run, and the KV blocks left held at the end (must be zero). It exits non-zero
+when any of these does not hold, or when the server went away before the last request.
 
     python bench/load_test.py --concurrency 16 --num-prompts 900
 """
@@ -15,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
@@ -22,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "tests" / "e2e"))
 
 from bench_common import print_table, write_results  # noqa: E402
 from cluster import scrape  # noqa: E402
+from peak_memory import process_status, process_tree  # noqa: E402
 from specsplit.bench.grpc_client import GrpcClient  # noqa: E402
 from specsplit.bench.load_generator import run_load  # noqa: E402
 from specsplit.bench.serve_process import ServeProcess  # noqa: E402
@@ -42,21 +45,43 @@ def mixed_requests(count: int, seed: int = 0) -> list[BenchRequest]:
 
 
 def process_tree_rss_mb(root_pid: int) -> dict[str, float]:
-    """RSS of each `specsplit` process under `root_pid`, by its role (target, draft, coordinator)."""
+    """RSS in MiB of each process under `root_pid`, by its role (target, draft, coordinator)."""
     out = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for pid in process_tree(root_pid)[1:]:
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[1]) != root_pid:
-                continue
-            argv = (stat.parent / "cmdline").read_text().split("\0")
-            role = argv[argv.index("specsplit") + 1] if "specsplit" in argv else argv[0]
-            for line in (stat.parent / "status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    out[role] = round(int(line.split()[1]) / 1024, 1)
-        except (OSError, ValueError, IndexError):
-            continue
+            argv = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+        except OSError:
+            continue  # gone since the tree was read
+        role = argv[argv.index("specsplit") + 1] if "specsplit" in argv[:-1] else argv[0]
+        rss = process_status(pid).get("VmRSS")
+        if rss is not None:
+            out[role] = round(rss / 2**20, 1)
     return out
+
+
+def kv_blocks_used(url: str, role: str) -> float | None:
+    """KV blocks a worker holds once its requests are done (None: it cannot be asked, gone with the server)."""
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            used = scrape(url)[("specsplit_kv_blocks_used", (("role", role),))]
+        except OSError:
+            return None
+        if used == 0 or time.monotonic() > deadline:
+            return used
+        time.sleep(0.2)
+
+
+def problems(run, codes: dict[str, int], sent: int, invalid: int, kv_held: dict) -> list[str]:
+    """What the load test requires and this run did not do (empty: it passed)."""
+    found = []
+    if run.interrupted:
+        found.append(f"the server went away after {len(run.records)} of {sent} answers: {run.interrupted}")
+    elif Counter(codes) != Counter({"OK": sent - invalid, "INVALID_ARGUMENT": invalid}):
+        found.append(f"statuses {codes}; expected {invalid} INVALID_ARGUMENT and the rest OK")
+    if any(used != 0 for used in kv_held.values()):
+        found.append(f"KV blocks held at the end (None: not reachable): {kv_held}")
+    return found
 
 
 def main() -> None:
@@ -64,6 +89,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--num-prompts", type=int, default=900)
     args = parser.parse_args()
+    requests = mixed_requests(args.num_prompts)
+    invalid = sum(request.temperature < 0 for request in requests)
     root = Path(tempfile.mkdtemp())
     target = build_model("qwen2", seed=0)
     save_model(target, root / "target")
@@ -83,7 +110,7 @@ def main() -> None:
         async def run():
             client = await GrpcClient(served.address, timeout=60).start()
             try:
-                return await run_load(client, mixed_requests(args.num_prompts), math.inf, args.concurrency)
+                return await run_load(client, requests, math.inf, args.concurrency)
             finally:
                 await client.close()
 
@@ -91,18 +118,11 @@ def main() -> None:
         done.set()
         sampler.join()
         memory.append({**process_tree_rss_mb(served.process.pid), "t": round(time.perf_counter() - began, 1)})
-        kv_held = {}
-        for role in ("target", "draft"):
-            deadline = time.monotonic() + 15
-            while True:
-                kv_held[role] = scrape(served.metrics_url(role))[("specsplit_kv_blocks_used", (("role", role),))]
-                if kv_held[role] == 0 or time.monotonic() > deadline:
-                    break
-                time.sleep(0.2)
+        kv_held = {role: kv_blocks_used(served.metrics_url(role), role) for role in ("target", "draft")}
     summary = summarize(run)
-    codes = {"OK": summary["completed"], **{error.split(":", 1)[0]: count for error, count in summary["errors"].items()}}
+    codes = dict(Counter("OK" if r.ok else r.error.split(":", 1)[0] for r in run.records))  # every record, each once
     row = {"concurrency": args.concurrency, "duration_s": round(run.duration, 1), "requests": len(run.records),
-           "codes": codes, "tokens_per_s": summary["output_tokens_per_s"],
+           "interrupted": run.interrupted, "codes": codes, "tokens_per_s": summary["output_tokens_per_s"],
            "latency_p50_s": summary["e2el_ms"]["p50"] / 1e3, "latency_p99_s": summary["e2el_ms"]["p99"] / 1e3,
            "ttft_p50_s": summary["ttft_ms"]["p50"] / 1e3, "ttft_p99_s": summary["ttft_ms"]["p99"] / 1e3,
            "kv_blocks_held_at_end": kv_held, "rss_mb_first": memory[0], "rss_mb_last": memory[-1]}
@@ -111,6 +131,11 @@ def main() -> None:
                         "ttft_p50_s", "ttft_p99_s"])
     print("codes", codes, "kv held at end", kv_held, "rss first/last", row["rss_mb_first"], row["rss_mb_last"])
     print(f"results in {path}")
+    failures = problems(run, codes, len(requests), invalid, kv_held)
+    for failure in failures:
+        print("FAILED:", failure, file=sys.stderr)
+    if failures:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

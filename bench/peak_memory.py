@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 
-def _status(pid: int) -> dict[str, int]:
+def process_status(pid: int) -> dict[str, int]:
+    """VmRSS and RssAnon of one process, in bytes ({} once it is gone)."""
     fields = {}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -24,7 +25,8 @@ def _status(pid: int) -> dict[str, int]:
     return fields
 
 
-def _tree(root: int) -> list[int]:
+def process_tree(root: int) -> list[int]:
+    """`root` and every process under it, `root` first."""
     children = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -49,11 +51,11 @@ def main() -> int:
     peak = {"VmRSS": 0, "RssAnon": 0}
     most_processes = 0
     while process.poll() is None:
-        pids = _tree(process.pid)
+        pids = process_tree(process.pid)
         most_processes = max(most_processes, len(pids))
         totals = {"VmRSS": 0, "RssAnon": 0}
         for pid in pids:
-            for key, value in _status(pid).items():
+            for key, value in process_status(pid).items():
                 totals[key] += value
         for key in peak:
             peak[key] = max(peak[key], totals[key])

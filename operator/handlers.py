@@ -16,7 +16,6 @@ import kopf
 from specsplit.operator import canary_policy, conditions, naming, scaling_policy
 from specsplit.operator.apply import OwnershipConflict, apply_merge_patch, last_applied
 from specsplit.operator.kube_client import DEPLOYMENTS, ApiError
-from specsplit.operator.metrics import start_operator_metrics
 from specsplit.operator.reconcile import (
     Outcome,
     healthy_status,
@@ -40,7 +39,6 @@ RETRY_SECONDS = 15
 async def operator_startup(settings: kopf.OperatorSettings, memo: Any, config: OperatorConfig, **_: Any) -> None:
     if getattr(memo, "context", None) is None:
         memo.context = OperatorContext.create(config)
-        memo.context.metrics_server = start_operator_metrics(memo.context, config.metrics_host, config.metrics_port)
     configure_kopf(settings, memo.context.config)
 
 
@@ -82,7 +80,6 @@ async def speculativedeployment_delete(body: kopf.Body, memo: Any, logger: Any, 
             if await remove_if_present(context.client, namespace, kind, name, body["metadata"]["uid"]):
                 logger.info("deleted %s %s", kind, name)
     context.states.pop(body["metadata"]["uid"], None)
-    context.names.pop(body["metadata"]["uid"], None)
 
 
 async def speculativedeployment_autoscale(body: kopf.Body, patch: kopf.Patch, memo: Any, **_: Any) -> None:

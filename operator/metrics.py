@@ -1,5 +1,6 @@
-"""The operator's Prometheus metrics: what it decided for each SpeculativeDeployment, read from the status it last
-wrote (so they say what `kubectl get specdeploy -o yaml` says), when scraped.
+"""The operator's Prometheus metrics: what it decided for each SpeculativeDeployment, read from the status as its
+handlers see it (the latest body's, with what this process wrote since: so they say what `kubectl get specdeploy -o
+yaml` says, also after an operator restart or a leader handover), when scraped.
 
     specsplit_operator_desired_replicas{namespace,name,role}  replicas the operator scaled the pool to (target, draft)
     specsplit_operator_ready_replicas{namespace,name,role}    of those, ready when it last looked
@@ -18,11 +19,12 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
 from specsplit.operator import naming
+from specsplit.operator.apply import apply_merge_patch
 
 
 class OperatorCollector:
     def __init__(self, context: Any):
-        self.context = context  # an OperatorContext: its states (by uid) and the names they belong to
+        self.context = context  # an OperatorContext: its states, by uid
 
     def collect(self):
         desired = GaugeMetricFamily("specsplit_operator_desired_replicas", "Replicas the operator scaled a pool to",
@@ -31,11 +33,11 @@ class OperatorCollector:
                                   "last looked", labels=["namespace", "name", "role"])
         weight = GaugeMetricFamily("specsplit_operator_canary_weight", "Percent of requests the draft canary gets",
                                    labels=["namespace", "name"])
-        for uid, state in list(self.context.states.items()):
-            where = self.context.names.get(uid)
-            if where is None or state.deleted:
+        for state in list(self.context.states.values()):
+            if state.deleted or not state.name:
                 continue
-            status = state.written_status
+            where = (state.namespace, state.name)
+            status = apply_merge_patch(state.seen_status, state.written_status)  # as handlers._seen_status
             for role in naming.ROLES:
                 recorded = status.get(role) or {}
                 if isinstance(recorded.get("desiredReplicas"), int):

@@ -21,6 +21,7 @@ from typing import Any
 import kopf
 
 from specsplit.operator.kube_client import KubeClient
+from specsplit.operator.metrics import start_operator_metrics
 from specsplit.operator.scraping import PodScraper
 from specsplit.operator.state import OperatorState
 
@@ -65,19 +66,23 @@ class OperatorContext:
     client: KubeClient
     scraper: PodScraper
     states: dict[str, OperatorState] = dataclasses.field(default_factory=dict)  # by the resource's uid
-    names: dict[str, tuple[str, str]] = dataclasses.field(default_factory=dict)  # uid -> (namespace, name)
     metrics_server: Any = None
 
     @classmethod
     def create(cls, config: OperatorConfig) -> OperatorContext:
-        return cls(config=config, client=KubeClient(timeout_seconds=config.api_timeout_seconds),
-                   scraper=PodScraper(timeout_seconds=config.scrape_timeout_seconds))
+        """The context, its metrics server (if the config asks for one) already serving."""
+        context = cls(config=config, client=KubeClient(timeout_seconds=config.api_timeout_seconds),
+                      scraper=PodScraper(timeout_seconds=config.scrape_timeout_seconds))
+        context.metrics_server = start_operator_metrics(context, config.metrics_host, config.metrics_port)
+        return context
 
     def state_of(self, body: Any) -> OperatorState:
-        """The state of the resource in `body`, remembering its name (for the metrics)."""
+        """The state of the resource in `body`, with its name and the body's status (for the metrics)."""
         meta = body["metadata"]
-        self.names[meta["uid"]] = (meta["namespace"], meta["name"])
-        return self.state(meta["uid"], body.get("status"))
+        state = self.state(meta["uid"], body.get("status"))
+        state.namespace, state.name = meta["namespace"], meta["name"]
+        state.seen_status = body.get("status") or {}
+        return state
 
     def state(self, uid: str, status: Any) -> OperatorState:
         if uid not in self.states:

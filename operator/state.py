@@ -65,6 +65,10 @@ class OperatorState:
     # and must not write the same values again because of that.
     written_status: dict[str, Any] = dataclasses.field(default_factory=dict)
     deleted: bool = False  # set by the deletion handler, so that a timer still running does not recreate objects
+    # The resource's name and the status of the latest body a handler saw (kept for the metrics, which have no body).
+    namespace: str = ""
+    name: str = ""
+    seen_status: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_status(cls, status: Mapping[str, Any] | None) -> OperatorState:

@@ -4,6 +4,7 @@ the operator's): every metric a panel names is one they export."""
 
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import promql_parser
 
@@ -32,8 +33,19 @@ def parse(expr: str):
     return promql_parser.parse(expr)
 
 
-def selectors(expr: str) -> list[tuple[str, set[str]]]:
-    """(metric name, label names it matches on or groups by) for every series the query reads."""
+class Selector(NamedTuple):
+    name: str  # the metric
+    matchers: set[str]  # label names the selector itself matches on
+    grouping: set[str]  # label names any aggregation of the query groups by
+
+    @property
+    def labels(self) -> set[str]:
+        """Every label the query reads this metric by."""
+        return self.matchers | self.grouping
+
+
+def selectors(expr: str) -> list[Selector]:
+    """Every series the query reads."""
     found, grouping = [], set()
 
     def walk(node) -> None:
@@ -55,21 +67,35 @@ def selectors(expr: str) -> list[tuple[str, set[str]]]:
             walk(node.expr)
 
     walk(parse(expr))
-    return [(name, labels | grouping) for name, labels in found]
+    return [Selector(name, matchers, grouping) for name, matchers in found]
 
 
 def named_metrics(board: dict | None = None, operator: bool | None = None) -> dict[str, set[str]]:
     """{metric name: label names queries use with it}; operator True / False: only the operator's / the services'."""
     names: dict[str, set[str]] = {}
     for _, expr in panel_queries(board):
-        for name, labels in selectors(expr):
-            if operator is None or name.startswith(OPERATOR_PREFIX) == operator:
-                names.setdefault(name, set()).update(labels)
+        for selector in selectors(expr):
+            if operator is None or selector.name.startswith(OPERATOR_PREFIX) == operator:
+                names.setdefault(selector.name, set()).update(selector.labels)
     return names
 
 
+def scrape(url: str) -> dict[tuple, float]:
+    """{(sample name, sorted labels): value} from the Prometheus text page at `url`/metrics."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text) for s in family.samples
+    }
+
+
 def exported(samples: dict) -> dict[str, set[str]]:
-    """{sample name: label names} from cluster.scrape()'s {(name, labels): value}."""
+    """{sample name: label names} from scrape()'s {(name, labels): value}."""
     out: dict[str, set[str]] = {}
     for name, labels in samples:
         out.setdefault(name, set()).update(key for key, _ in labels)

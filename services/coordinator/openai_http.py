@@ -109,7 +109,7 @@ class OpenAIHTTPServer:
     async def _end_requests(self, app) -> None:
         """At shutdown, once no new connection comes: end the requests still running, so each handler answers
         its client (503, or an error event in the stream) before the server waits for the handlers."""
-        ours = {id(r) for r in self._in_flight.values()}
+        ours = self._in_flight.keys()
         for sequence in [*self.coordinator.running, *self.coordinator.waiting]:
             if id(sequence.request) in ours:
                 self.coordinator.abort(sequence)

@@ -205,7 +205,7 @@ class ResponseWriter:
         self.created = int(time.time())
         self.id = ""
         self._text_offset = 0
-        self._texts = TokenTexts(token_bytes_of(tokenizer))
+        self._texts: TokenTexts | None = None  # made when logprobs are first written
         self._sent_role = False
 
     @property
@@ -265,6 +265,8 @@ class ResponseWriter:
     def _logprobs(self, logprobs) -> dict:
         """Token strings are the whole characters each token completes (token_bytes.py); a token that ends inside
         a UTF-8 character shows it in `bytes` (chat) instead of U+FFFD."""
+        if self._texts is None:
+            self._texts = TokenTexts(token_bytes_of(self.tokenizer))
         entries = []
         for lp in logprobs:
             top = [(*self._texts.alternative(t), v) for t, v in lp.top]  # read before the chosen token moves on

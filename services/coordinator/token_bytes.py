@@ -2,16 +2,18 @@
 
 A token of a byte-level vocabulary (Qwen2, Llama 3, GPT-2) or a SentencePiece byte-fallback token may hold part of
 a multi-byte UTF-8 character; decoded alone it gives U+FFFD. The OpenAI API answers that with each token's `bytes`
-(its UTF-8 bytes, which the client joins across tokens). Here a token's string is the whole characters it completes
-after the bytes of the tokens before it (so the strings of a response join to its text, and a token that ends
-inside a character gives the characters before that one, or nothing), and `bytes` is the token's own bytes.
-An alternative (top logprobs) is read at the same point: what it would have completed in place of the chosen one.
+(its UTF-8 bytes, which the client joins across tokens). Here a token's string is the text it adds to the response,
+read from the same incremental detokenizer the response text comes from (incremental_detokenizer.py: whole
+characters, and the tokenizer's own decoder, so a SentencePiece tokenizer's leading-space strip or merges come out
+as in the text); `bytes` is the token's own bytes. A special token is not part of the text: its string is its own.
+An alternative (top logprobs) is read at the same point: what it would have added in place of the chosen one.
 """
 
-import codecs
 import re
 import weakref
 from functools import lru_cache
+
+from specsplit.services.coordinator.incremental_detokenizer import IncrementalDetokenizer
 
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")  # SentencePiece's piece for one raw byte
 _METASPACE = "\u2581"  # SentencePiece's visible space
@@ -37,9 +39,9 @@ class TokenBytes:
         self.tokenizer = tokenizer
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self._byte_level = backend is not None and type(backend.decoder).__name__ == "ByteLevel"
-        self._special = set(getattr(tokenizer, "all_special_ids", []) or [])
+        self.special = set(getattr(tokenizer, "all_special_ids", []) or [])
         if backend is not None:
-            self._special |= set(backend.get_added_tokens_decoder())
+            self.special |= set(backend.get_added_tokens_decoder())
         self._cache: dict[int, bytes] = {}
 
     def __call__(self, token_id: int) -> bytes:
@@ -51,7 +53,7 @@ class TokenBytes:
     def _bytes(self, token_id: int) -> bytes:
         if self.tokenizer is None:
             return str(token_id).encode()
-        if token_id in self._special:  # added tokens are text, whatever the vocabulary's encoding
+        if token_id in self.special:  # added tokens are text, whatever the vocabulary's encoding
             return self.tokenizer.decode([token_id]).encode("utf-8")
         piece = self.tokenizer.convert_ids_to_tokens(token_id)
         if not isinstance(piece, str):
@@ -69,23 +71,39 @@ class TokenBytes:
 
 
 class TokenTexts:
-    """One response's token strings: the whole characters each token completes, in order (streamed or not)."""
+    """One response's token strings: the text each token adds, in order (streamed or not)."""
 
     def __init__(self, token_bytes: TokenBytes):
         self.token_bytes = token_bytes
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._detokenizer = _PeekingDetokenizer(token_bytes.tokenizer)
 
     def alternative(self, token_id: int) -> tuple[str, bytes]:
         """(string, bytes) of a token that could have come next; the state does not move."""
         raw = self.token_bytes(token_id)
-        pending, _ = self._decoder.getstate()
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        return decoder.decode(pending + raw), raw
+        return self._special_or(token_id, raw) or self._detokenizer.peek(token_id), raw
 
     def chosen(self, token_id: int) -> tuple[str, bytes]:
         """(string, bytes) of the token that came next; its bytes join those of the tokens before it."""
         raw = self.token_bytes(token_id)
-        return self._decoder.decode(raw), raw
+        before = len(self._detokenizer.text)
+        self._detokenizer.add([token_id])
+        return self._special_or(token_id, raw) or self._detokenizer.text[before:], raw
+
+    def _special_or(self, token_id: int, raw: bytes) -> str:
+        """A special token's own text, or the text of a token without a tokenizer (its id); else ""."""
+        if self.token_bytes.tokenizer is None or token_id in self.token_bytes.special:
+            return raw.decode("utf-8", errors="replace")
+        return ""
+
+
+class _PeekingDetokenizer(IncrementalDetokenizer):
+    def peek(self, token_id: int) -> str:
+        """The text `add([token_id])` would add, without adding it."""
+        if self._decode is None:
+            return ""
+        prefix_text = self._decode(self.tokens[self._prefix : self._read])
+        window = self._decode(self.tokens[self._prefix :] + [token_id])[len(prefix_text) :]
+        return window.rstrip("\ufffd")[self._taken :]
 
 
 _by_tokenizer: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

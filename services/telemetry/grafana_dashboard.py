@@ -17,6 +17,12 @@ COORDINATOR = SELECT + ',app_kubernetes_io_component="coordinator"'
 OPERATOR = 'namespace="$namespace",name="$deployment"'  # the operator's own labels (operator/metrics.py)
 RATE = "[$__rate_interval]"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+# Speculation counters are kept apart by acceptance method: "typical" is not lossless and must not blend into
+# "rejection"'s rates.
+BY_VARIANT = "variant, method"
+METHODS = "method: rejection (lossless) or typical (NOT lossless), never summed together."
+TPOT = ("What `specsplit bench` calls TPOT (its ITL is the gap between streamed pieces); the metric's name, "
+        "inter_token_latency, is older than that distinction.")
 
 
 def _rate(metric: str, selector: str = SELECT, by: str = "") -> str:
@@ -37,19 +43,21 @@ def _percentiles(histogram: str) -> list[tuple[str, str]]:
 ROWS = [
     ("Speculation", [
         ("Acceptance rate by draft variant", "percentunit", [
-            (f"{_rate('specsplit_accepted_tokens_total', by='variant')} / "
-             f"{_rate('specsplit_drafted_tokens_total', by='variant')}", "{{variant}}"),
+            (f"{_rate('specsplit_accepted_tokens_total', by=BY_VARIANT)} / "
+             f"{_rate('specsplit_drafted_tokens_total', by=BY_VARIANT)}", "{{variant}} {{method}}"),
         ], "Accepted / proposed draft tokens. A variant is a draft model the coordinator routes a share of requests to "
-           "(stable, canary)."),
+           f"(stable, canary). {METHODS}"),
         ("Acceptance rate by proposal position", "percentunit", [
-            (f"{_rate('specsplit_accepted_position_total', by='position')} / "
-             f"{_rate('specsplit_drafted_position_total', by='position')}", "position {{position}}"),
-        ], "How often the i-th proposal of a round is accepted: the fall with i is what limits k."),
-        ("Tokens per round by draft variant", "short", [
-            (f"({_rate('specsplit_accepted_tokens_total', by='variant')} + "
-             f"{_rate('specsplit_speculative_rounds_total', by='variant')}) / "
-             f"{_rate('specsplit_speculative_rounds_total', by='variant')}", "{{variant}}"),
-        ], "Tokens emitted per speculative round (accepted + 1): what one target verification yields."),
+            (f"{_rate('specsplit_accepted_position_total', by='position, method')} / "
+             f"{_rate('specsplit_drafted_position_total', by='position, method')}", "position {{position}} {{method}}"),
+        ], f"How often the i-th proposal of a round is accepted: the fall with i is what limits k. {METHODS}"),
+        ("Tokens per speculative round by draft variant", "short", [
+            (f"({_rate('specsplit_accepted_tokens_total', by=BY_VARIANT)} + "
+             f"{_rate('specsplit_speculative_rounds_total', by=BY_VARIANT)}) / "
+             f"{_rate('specsplit_speculative_rounds_total', by=BY_VARIANT)}", "{{variant}} {{method}}"),
+        ], "Tokens emitted per speculative round (accepted + 1): what one target verification yields when it verifies "
+           "proposals. Rounds the policy ran at k = 0 are not counted here (`specsplit bench`'s tokens_per_round "
+           f"counts every round). {METHODS}"),
         ("Chosen k (proposals per round)", "short", [
             (f"{_rate('specsplit_speculation_length_sum')} / {_rate('specsplit_speculation_length_count')}", "mean"),
             (_quantile(0.9, "specsplit_speculation_length"), "p90"),
@@ -61,9 +69,9 @@ ROWS = [
              "{{variant}}"),
             (f"specsplit_operator_canary_weight{{{OPERATOR}}} / 100", "canary weight (operator)"),
         ], "Where requests went, against the weight the operator gives the canary."),
-        ("Inter-token latency p50 by draft variant", "s", [
+        ("Time per output token p50 by draft variant", "s", [
             (_quantile(0.5, "specsplit_inter_token_latency_seconds", by="variant"), "{{variant}}"),
-        ], "Per request, (latency - time to first token) / (tokens - 1): the canary must not be slower."),
+        ], f"Per request, (latency - time to first token) / (tokens - 1): the canary must not be slower. {TPOT}"),
         ("Requests finished by reason", "reqps", [
             (_rate("specsplit_requests_total", by="variant, finish_reason"), "{{variant}} {{finish_reason}}"),
         ], "stop / length: answered; abort: the client left or the server stopped; error: failed."),
@@ -71,8 +79,8 @@ ROWS = [
     ("Latency", [
         ("Time to first token", "s", _percentiles("specsplit_time_to_first_token_seconds"),
          "From admission to the first token, at the coordinator."),
-        ("Inter-token latency", "s", _percentiles("specsplit_inter_token_latency_seconds"),
-         "Per request, (latency - time to first token) / (tokens - 1), at the coordinator."),
+        ("Time per output token", "s", _percentiles("specsplit_inter_token_latency_seconds"),
+         f"Per request, (latency - time to first token) / (tokens - 1), at the coordinator. {TPOT}"),
         ("Round, propose and verify at the coordinator (p90)", "s", [
             (_quantile(0.9, "specsplit_round_seconds"), "round"),
             (_quantile(0.9, "specsplit_stage_latency_seconds", COORDINATOR, by="stage"), "{{stage}} call"),
@@ -101,10 +109,6 @@ ROWS = [
         ], "The replicas the operator scaled each pool to, and how many were ready when it last looked."),
     ]),
 ]
-
-
-def queries() -> list[str]:
-    return [expr for _, panels in ROWS for _, _, targets, _ in panels for expr, _ in targets]
 
 
 def build_dashboard() -> dict:

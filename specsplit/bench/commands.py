@@ -32,13 +32,18 @@ def add_bench_commands(sub) -> None:
     s.add_argument("--model", default=None, help="--url: the model to ask for (default: the first /v1/models lists)")
     s.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="--url: bearer token ($OPENAI_API_KEY)")
     s.add_argument("--token", default=os.environ.get("SPECSPLIT_TOKEN"), help="--grpc: bearer token ($SPECSPLIT_TOKEN)")
+    s.add_argument("--tls-ca", default=None, help="--grpc: verify the coordinator's TLS certificate with this CA")
+    s.add_argument("--tls-cert", default=None, help="--grpc: client certificate for mutual TLS")
+    s.add_argument("--tls-key", default=None, help="--grpc: its private key")
+    s.add_argument("--tls-server-name", default=None, help="--grpc: name to verify in the coordinator's certificate")
     _add_workload_args(s, default_prompts=100)
     s.add_argument("--request-rate", default="inf", metavar="RATE[,RATE...]",
                    help="requests per second, Poisson arrivals; inf = all at once (default). Several rates: one run "
                    "each, and --plot draws the latencies against the rate")
     s.add_argument("--max-concurrency", type=int, default=None, help="at most this many requests in flight")
     s.add_argument("--num-warmups", type=int, default=1, help="requests sent first and not measured")
-    s.add_argument("--timeout", type=float, default=600.0, help="seconds a request may go without a byte")
+    s.add_argument("--timeout", type=float, default=600.0, help="seconds a request may go without a byte (HTTP) or "
+                   "a stream message (gRPC); not a bound on the whole request")
     _add_output_args(s, plot=True)
     s.set_defaults(handler=_run_serve_bench)
 
@@ -135,8 +140,10 @@ async def _serve_bench(args, rates: list[float]) -> int:
         client = OpenAIHTTPClient(args.url, args.model, args.api_key, args.temperature, args.timeout)
     else:
         from specsplit.bench.grpc_client import GrpcClient
+        from specsplit.services.rpc.security import ChannelSecurity
 
-        client = GrpcClient(args.grpc, args.token, args.temperature, args.timeout)
+        security = ChannelSecurity(args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name)
+        client = GrpcClient(args.grpc, args.token, args.temperature, args.timeout, security)
     try:
         await client.start()
     except ServerGone as error:
@@ -194,7 +201,8 @@ def _report_runs(args, runs: list, config: dict) -> int:
         body = {**config, **(summaries[0] if len(summaries) == 1 else {}), "runs": summaries}
         print(f"wrote {write_json(args.json, result_record('serve', body))}", file=sys.stderr)
     if args.plot:
-        from specsplit.bench.plot import latency_samples, plot_runs
+        from specsplit.bench.plot import plot_runs
+        from specsplit.bench.summary import latency_samples
 
         plot_runs(args.plot, summaries, [latency_samples(run) for run in runs], title=f"{config['server']}")
         print(f"wrote {args.plot}", file=sys.stderr)

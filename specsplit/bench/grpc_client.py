@@ -1,5 +1,7 @@
 """A benchmark client of this server's gRPC API (GenerateStream), timed per stream message; the last message
-carries usage and what speculation did."""
+carries usage and what speculation did. `timeout` is how long a request may go without a message (as the HTTP
+client's read timeout), not a deadline on the whole stream: a long generation is not cut short. TLS and mutual TLS
+as `specsplit.client.Client` (services/rpc/security.ChannelSecurity)."""
 
 import asyncio
 
@@ -8,13 +10,16 @@ import grpc
 from specsplit.bench.request_record import RequestClock, RequestRecord, ServerGone
 from specsplit.bench.workloads import BenchRequest
 from specsplit.proto.v1 import generation_pb2_grpc
+from specsplit.services.rpc.security import ChannelSecurity
 from specsplit.services.coordinator import public_messages as pm
 from specsplit.services.sampling_params import SamplingParams
 
 
 class GrpcClient:
-    def __init__(self, address: str, token: str | None = None, temperature: float = 0.0, timeout: float | None = None):
+    def __init__(self, address: str, token: str | None = None, temperature: float = 0.0, timeout: float | None = None,
+                 security: ChannelSecurity | None = None):
         self.address = address
+        self.security = security or ChannelSecurity()
         self.temperature = temperature
         self.timeout = timeout
         self._metadata = (("authorization", f"Bearer {token}"),) if token else None
@@ -22,7 +27,11 @@ class GrpcClient:
         self._stub = None
 
     async def start(self, connect_timeout: float = 30.0) -> "GrpcClient":
-        self._channel = grpc.aio.insecure_channel(self.address)
+        if self.security.enabled:
+            self._channel = grpc.aio.secure_channel(self.address, self.security.credentials(),
+                                                    options=self.security.options())
+        else:
+            self._channel = grpc.aio.insecure_channel(self.address)
         try:
             await asyncio.wait_for(self._channel.channel_ready(), connect_timeout)
         except TimeoutError:
@@ -42,10 +51,16 @@ class GrpcClient:
         record = RequestRecord()
         clock = RequestClock(record)
         last = None
+        call = self._stub.GenerateStream(message, metadata=self._metadata)
         try:
-            async for last in self._stub.GenerateStream(message, metadata=self._metadata, timeout=self.timeout):
+            while (message := await asyncio.wait_for(call.read(), self.timeout)) is not grpc.aio.EOF:
+                last = message
                 if last.token_ids:
                     clock.output()
+        except TimeoutError:
+            call.cancel()
+            record.error = f"DEADLINE_EXCEEDED: no message in {self.timeout:g}s"
+            return clock.finish()
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.UNAVAILABLE:
                 raise ServerGone(f"{self.address}: UNAVAILABLE: {error.details()}") from None

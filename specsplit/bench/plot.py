@@ -35,13 +35,3 @@ def plot_runs(path, summaries: list[dict], samples: list[dict] | None = None, ti
         figure.suptitle(title)
     figure.savefig(path, dpi=100)
     plt.close(figure)
-
-
-def latency_samples(run) -> dict:
-    """{latency: [ms, ...]} of one LoadRun's completed requests (for the one-rate plot)."""
-    done = [r for r in run.records if r.ok and r.ttft is not None]
-    return {
-        "ttft_ms": [1e3 * r.ttft for r in done],
-        "tpot_ms": [1e3 * (r.latency - r.ttft) / (r.output_tokens - 1) for r in done if r.output_tokens > 1],
-        "itl_ms": [1e3 * gap for r in done for gap in r.itls],
-    }

@@ -21,14 +21,12 @@ def machine() -> dict:
                 break
     except OSError:
         pass
-    try:
-        import torch
-
+    # torch only where the run loaded it: importing it costs a client-only run (bench serve) seconds for nothing.
+    torch = sys.modules.get("torch")
+    if torch is not None:
         info["torch"] = torch.__version__
         if torch.cuda.is_available():
             info["gpu"] = torch.cuda.get_device_name(0)
-    except ImportError:
-        pass
     return info
 
 

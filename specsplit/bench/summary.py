@@ -6,7 +6,8 @@ speculation did:
   itl_ms: the gaps between consecutive pieces of output (a streamed chunk may carry several tokens: with
   speculation, a round's accepted tokens arrive together); e2el_ms: request latency. Each {mean, p50, p90, p99};
 - acceptance_rate: accepted / drafted tokens; tokens_per_round: tokens per target verification
-  ((accepted + rounds) / rounds, the first token, from prefill, not counted). None from other servers.
+  ((accepted + rounds) / rounds, the first token, from prefill, not counted; every round, k = 0 ones included: the
+  dashboard's "tokens per speculative round" counts only rounds that verified proposals). None from other servers.
 """
 
 import math
@@ -16,6 +17,18 @@ from specsplit.bench.load_generator import LoadRun
 from specsplit.bench.percentiles import distribution
 
 LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
+
+
+def latency_samples(run: LoadRun) -> dict[str, list[float]]:
+    """{latency: [ms, ...]} of the run's completed requests: what the percentiles (and the plot's curves) are of."""
+    done = [r for r in run.records if r.ok]
+    timed = [r for r in done if r.ttft is not None]
+    return {
+        "ttft_ms": [1e3 * r.ttft for r in timed],
+        "tpot_ms": [1e3 * (r.latency - r.ttft) / (r.output_tokens - 1) for r in timed if r.output_tokens > 1],
+        "itl_ms": [1e3 * gap for r in done for gap in r.itls],
+        "e2el_ms": [1e3 * r.latency for r in done],
+    }
 
 
 def summarize(run: LoadRun) -> dict:
@@ -40,11 +53,7 @@ def summarize(run: LoadRun) -> dict:
         "request_throughput": len(done) / duration,
         "output_tokens_per_s": output_tokens / duration,
         "total_tokens_per_s": (input_tokens + output_tokens) / duration,
-        "ttft_ms": distribution([1e3 * r.ttft for r in done if r.ttft is not None]),
-        "tpot_ms": distribution([1e3 * (r.latency - r.ttft) / (r.output_tokens - 1)
-                                 for r in done if r.ttft is not None and r.output_tokens > 1]),
-        "itl_ms": distribution([1e3 * gap for r in done for gap in r.itls]),
-        "e2el_ms": distribution([1e3 * r.latency for r in done]),
+        **{name: distribution(samples) for name, samples in latency_samples(run).items()},
         "acceptance_rate": accepted / drafted if drafted else None,
         "tokens_per_round": (accepted + rounds) / rounds if rounds else None,
         "interrupted": run.interrupted or None,

@@ -107,7 +107,11 @@ def test_latency_and_throughput_in_one_process(tiny_pair, tmp_path):
             _check_fields(result[mode], completed, output_len)
         assert result["target_only"]["acceptance_rate"] is None and result["target_only"]["tokens_per_round"] == 1.0
         assert 0 <= result["speculative"]["acceptance_rate"] <= 1
-        assert result["speedup"]["output_tokens_per_s"] > 0
+        speedup = result["speedup"]  # the ratios of the two modes' own numbers
+        assert speedup["output_tokens_per_s"] == pytest.approx(
+            result["speculative"]["output_tokens_per_s"] / result["target_only"]["output_tokens_per_s"])
+        assert speedup["tpot_p50"] == pytest.approx(
+            result["target_only"]["tpot_ms"]["p50"] / result["speculative"]["tpot_ms"]["p50"])
     assert json.loads(latency.read_text())["speculative"]["batch_latency_s"]["p50"] > 0
 
 

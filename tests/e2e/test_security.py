@@ -4,6 +4,7 @@ callers without the right certificate or token are refused, and the token never 
 import asyncio
 import datetime
 import ipaddress
+import json
 
 import grpc
 import pytest
@@ -213,3 +214,14 @@ def test_the_http_api_takes_the_same_tls_and_tokens(secure_cluster, pki):
     with pytest.raises((urllib.error.URLError, ConnectionError)):  # plain HTTP to the TLS port
         post(TOKEN, context=None, base=url.replace("https://", "http://"))
     assert TOKEN not in open(pki["log"]).read()  # nor do HTTP requests put the token in the (debug) log
+
+
+def test_bench_serve_over_grpc_takes_the_same_tls_and_token(secure_cluster, pki, tiny_pair, tmp_path):
+    from specsplit.cli import main
+
+    out = tmp_path / "bench.json"
+    assert main(["bench", "serve", "--grpc", secure_cluster["coordinator"], "--tls-ca", pki["ca"], "--token", TOKEN,
+                 "--tokenizer", str(tiny_pair["target"]), "--input-len", "4", "--output-len", "3", "--num-prompts", "2",
+                 "--num-warmups", "0", "--no-progress", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["completed"] == 2 and result["failed"] == 0

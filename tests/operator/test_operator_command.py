@@ -13,11 +13,11 @@ import sys
 
 import aiohttp
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from specsplit.operator.main import OPERATOR_COMMAND
+from specsplit.operator.settings import OperatorConfig, OperatorContext
 
-from dashboard_queries import missing, named_metrics
+from dashboard_queries import missing, named_metrics, scrape
 from kube_harness import Cluster, base_spec, eventually
 
 pytestmark = pytest.mark.asyncio
@@ -57,11 +57,7 @@ async def test_kopf_run_serves_resources_and_stops_on_sigterm(cluster: Cluster, 
         assert [peer["priority"] for peer in peers.values()] == [7]
 
         async def operator_metrics() -> dict | None:
-            async with aiohttp.ClientSession() as session, \
-                    session.get(f"http://127.0.0.1:{metrics_port}/metrics") as r:
-                text = await r.text()
-            samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-                       for family in text_string_to_metric_families(text) for s in family.samples}
+            samples = await asyncio.to_thread(scrape, f"http://127.0.0.1:{metrics_port}")
             return samples if any(name == "specsplit_operator_ready_replicas" for name, _ in samples) else None
 
         samples = await eventually(operator_metrics, timeout=20, interval=0.2)
@@ -77,3 +73,30 @@ async def test_kopf_run_serves_resources_and_stops_on_sigterm(cluster: Cluster, 
         code = await asyncio.wait_for(process.wait(), 30)
         log.close()
     assert code == 0, (tmp_path / "operator.log").read_text()[-3000:]
+
+
+async def test_metrics_of_a_restarted_operator_say_what_the_status_says() -> None:
+    """A new operator process (a restart, the next leader) knows a resource only from the status the last one
+    wrote: its metrics read that before it writes anything itself, and its own later writes on top of it."""
+    context = OperatorContext.create(OperatorConfig(metrics_port=free_port()))
+    url = f"http://127.0.0.1:{context.config.metrics_port}"
+    try:
+        status = {"target": {"desiredReplicas": 3, "readyReplicas": 2}, "draft": {"desiredReplicas": 1},
+                  "canary": {"model": "m", "weight": 25, "phase": "Progressing"}}
+        body = {"metadata": {"uid": "u1", "namespace": "ml", "name": "coder"}, "status": status}
+        state = context.state_of(body)
+        assert state.roles["target"].desired_replicas == 3 and state.canary.weight == 25
+        where = (("name", "coder"), ("namespace", "ml"))
+        samples = await asyncio.to_thread(scrape, url)
+        assert samples[("specsplit_operator_desired_replicas", (*where, ("role", "target")))] == 3
+        assert samples[("specsplit_operator_ready_replicas", (*where, ("role", "target")))] == 2
+        assert samples[("specsplit_operator_desired_replicas", (*where, ("role", "draft")))] == 1
+        assert ("specsplit_operator_ready_replicas", (*where, ("role", "draft"))) not in samples
+        assert samples[("specsplit_operator_canary_weight", where)] == 25
+
+        state.written_status = {"canary": {"weight": 50}}  # this process's own write, the body not yet showing it
+        assert (await asyncio.to_thread(scrape, url))[("specsplit_operator_canary_weight", where)] == 50
+        state.deleted = True
+        assert not any(name.startswith("specsplit_operator_") for name, _ in await asyncio.to_thread(scrape, url))
+    finally:
+        await context.close()

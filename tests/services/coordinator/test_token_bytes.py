@@ -90,3 +90,27 @@ def test_response_writer_chat_and_completions_logprobs():
     assert "".join(tokens) == TEXT
     assert offsets == [len("".join(tokens[:i])) for i in range(len(tokens))]
     assert set(keys[1]) == {"bytes:\\xe2", "z"}  # a token completing no character keeps its bytes as its key
+
+
+def test_sentencepiece_strings_are_the_text_its_decoder_gives():
+    """Llama 2's tokenizer (Metaspace, byte fallback, a decoder that strips the text's first space): the strings are
+    what each token adds to the response text, not the pieces with their visible spaces made spaces."""
+    vocab = {"<unk>": 0, "\u2581hi": 1, "\u2581there": 2, "!": 3, "<0xE4>": 4, "<0xBD>": 5, "<0xA0>": 6}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>")
+    ids = [1, 2, 3, 4, 5, 6]
+    text = tokenizer.decode(ids)
+    assert text == "hi there!你"
+    texts = TokenTexts(TokenBytes(tokenizer))
+    assert texts.alternative(2) == ("there", b" there")  # first, its space is the one the decoder strips
+    strings = [texts.chosen(t)[0] for t in ids[:3]]
+    assert texts.alternative(1) == (" hi", b" hi")  # later, it keeps it
+    strings += [texts.chosen(t)[0] for t in ids[3:]]
+    assert strings == ["hi", " there", "!", "", "", "你"] and "".join(strings) == text
+
+    writer = ResponseWriter(parse_request({"prompt": "x", "logprobs": 0}, chat=False), "m", tokenizer)
+    logprobs = writer.whole(_result(ids, [TokenLogprob(t, -0.5, []) for t in ids]))["choices"][0]["logprobs"]
+    assert logprobs["tokens"] == strings and logprobs["text_offset"] == [0, 2, 8, 9, 9, 9]
