@@ -582,7 +582,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--alpha", type=float, default=0.7)
     parser.add_argument("--kv-gib", type=float, default=2.0, help="KV cache of each 70b worker rank")
-    parser.add_argument("--big-mode", default="auto", help="the 70b target's all-reduce mode (nccl, symm, fused)")
+    parser.add_argument("--big-mode", default="nccl", help="the 70b target's all-reduce mode (nccl, symm, fused)")
     parser.add_argument("--no-gloo-channel", action="store_true", help="skip the degree-2 run over the gloo channel")
     parser.add_argument("--stall-seconds", type=float, default=240, help="exit after this long without progress")
     parser.add_argument("--dry-run", action="store_true", help="CPU, gloo, tiny shapes: the script's own check")
