@@ -427,7 +427,7 @@ def _decode_summary(run: Run, batches: list[int]) -> None:
     spec = [r for r in run.rows if r["part"] == "speculative"]
     for r in spec:
         plain = next((d for d in decode if d["degree"] == r["degree"] and d["batch"] == r["batch"]
-                      and d["mode"] in (r["mode"], "")), None)
+                      and d["mode"] in (r["mode"], "") and d["channel"] in (r["channel"], "")), None)
         if plain:
             r["vs_target_only"] = round(r["tokens_per_s"] / plain["tokens_per_s"], 3)
 
