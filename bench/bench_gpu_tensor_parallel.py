@@ -603,19 +603,25 @@ def main() -> int:
     bandwidth = copy_bandwidth(run.device)
     run.summary["copy_bandwidth_GBps"] = round(bandwidth / 1e9, 1)
     run.summary["environment"] = {k: os.environ.get(k) for k in (*MULTICAST_OFF, MODE_ENV, CHANNEL_ENV)}
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        # The fused kernel's own barrier is the one thing here that could hang a GPU: its exactness check comes
-        # last, after everything the other modes measure (the watchdog ends a hang).
-        if "exact" in parts:
-            exact_part(run, root, [m for m in run.modes if m != "fused"])
-        if {"decode", "profile", "speculative"} & set(parts):
-            seven_b_parts(run, root, parts)
-        if "exact" in parts and "fused" in run.modes:
-            exact_part(run, root, ["fused"])
-        if "70b" in parts:
-            seventy_b_part(run, root, bandwidth)
-    run.summary["seconds"] = round(time.perf_counter() - started, 1)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            # The fused kernel's own barrier is the one thing here that could hang a GPU: its exactness check
+            # comes last, after everything the other modes measure (the watchdog ends a hang).
+            if "exact" in parts:
+                exact_part(run, root, [m for m in run.modes if m != "fused"])
+            if {"decode", "profile", "speculative"} & set(parts):
+                seven_b_parts(run, root, parts)
+            if "exact" in parts and "fused" in run.modes:
+                exact_part(run, root, ["fused"])
+            if "70b" in parts:
+                seventy_b_part(run, root, bandwidth)
+    except BaseException as error:  # a part that fails keeps what the others measured
+        run.summary["error"] = repr(error)
+        raise
+    finally:
+        run.summary["seconds"] = round(time.perf_counter() - started, 1)
+        run.save()
     for rows, columns in (
             ([r for r in run.rows if r["part"] != "exact"],
              ["part", "target", "degree", "channel", "mode", "batch", "k", "alpha", "tokens_per_s", "vs_degree_1",
@@ -627,7 +633,6 @@ def main() -> int:
         if rows:
             print_table(rows, columns)
     log(json.dumps(run.summary))
-    run.save()
     return 0
 
 
