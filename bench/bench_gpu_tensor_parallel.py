@@ -7,7 +7,8 @@ Parts (--parts; the default is the 2x H100 run, `70b` is its own run):
 - exact: a small model (float32, then bf16) at degree 2 gives the degree-1 greedy tokens and seeded samples at
   batch 1, in every all-reduce mode (nccl, symm, fused); prefill logits against degree 1's.
 - decode: a Qwen2.5-7B-shaped target alone at degree 1 and 2, batch 1 and 8: degree 2 over the socket command
-  channel in each all-reduce mode, and with the old channel (gloo broadcast) and NCCL. Goals: degree 2 >= 1.6x
+  channel in each all-reduce mode, and with NCCL over the old channel (gloo broadcast) and over the socket with
+  followers that never poll (SPECSPLIT_TP_SPIN_SECONDS=0, channel "socket_no_spin"). Goals: degree 2 >= 1.6x
   degree 1 at batch 1, >= 1.5x at batch 8.
 - profile: one degree-2 decode at batch 1 per mode under torch.profiler on both ranks: per step, time in compute
   kernels, in communication kernels, GPU idle, and the gap between steps (host work and lockstep;
@@ -59,7 +60,7 @@ from gpu_trace_summary import summarize_trace  # noqa: E402
 from specsplit.services.local_engine import LocalEngine  # noqa: E402
 from specsplit.services.models.loader import RANDOM_WEIGHTS_MARKER, load_model  # noqa: E402
 from specsplit.services.runtime.tensor_parallel_all_reduce import MODE_ENV  # noqa: E402
-from specsplit.services.runtime.tensor_parallel_commands import CHANNEL_ENV  # noqa: E402
+from specsplit.services.runtime.tensor_parallel_commands import CHANNEL_ENV, SPIN_ENV  # noqa: E402
 from specsplit.services.sampling_params import SamplingParams  # noqa: E402
 
 SHAPES = {  # config.json values of the real models
@@ -359,12 +360,17 @@ def seven_b_parts(run: Run, root: Path, parts: list[str]) -> None:
         close(run, e)
     run.save()
 
-    if "decode" in parts and not run.args.no_gloo_channel:  # the channel before this issue, with NCCL
-        with environment(**{CHANNEL_ENV: "gloo", MODE_ENV: "nccl"}):
+    # The gloo channel (the one before this issue) and the socket channel with followers that block at once
+    # (SPECSPLIT_TP_SPIN_SECONDS=0, against the polling default), both with NCCL.
+    variants = [] if "decode" not in parts else [
+        *([] if run.args.no_gloo_channel else [("gloo", {CHANNEL_ENV: "gloo"})]),
+        ("socket_no_spin", {CHANNEL_ENV: "socket", SPIN_ENV: "0"})]
+    for channel, variables in variants:
+        with environment(**variables, **{MODE_ENV: "nccl"}):
             e = engine(run, str(target), None, 2)
         try:
             for batch in batches:
-                row(run, **base, degree=2, channel="gloo", mode="nccl", batch=batch,
+                row(run, **base, degree=2, channel=channel, mode="nccl", batch=batch,
                     **measure(run, e, batch, 0, None, vocab))
         finally:
             close(run, e)
@@ -602,7 +608,7 @@ def main() -> int:
     started = time.perf_counter()
     bandwidth = copy_bandwidth(run.device)
     run.summary["copy_bandwidth_GBps"] = round(bandwidth / 1e9, 1)
-    run.summary["environment"] = {k: os.environ.get(k) for k in (*MULTICAST_OFF, MODE_ENV, CHANNEL_ENV)}
+    run.summary["environment"] = {k: os.environ.get(k) for k in (*MULTICAST_OFF, MODE_ENV, CHANNEL_ENV, SPIN_ENV)}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
