@@ -7,7 +7,8 @@ Parts (--parts; the default is the 2x H100 run, `70b` is its own run):
 - exact: a small model (float32, then bf16) at degree 2 gives the degree-1 greedy tokens and seeded samples at
   batch 1, in every all-reduce mode (nccl, symm, fused); prefill logits against degree 1's.
 - decode: a Qwen2.5-7B-shaped target alone at degree 1 and 2, batch 1 and 8: degree 2 over the socket command
-  channel in each all-reduce mode, and with the old channel (gloo broadcast) and NCCL. Goals: degree 2 >= 1.6x
+  channel in each all-reduce mode, and with NCCL over the old channel (gloo broadcast) and over the socket with
+  followers that never poll (SPECSPLIT_TP_SPIN_SECONDS=0, channel "socket_no_spin"). Goals: degree 2 >= 1.6x
   degree 1 at batch 1, >= 1.5x at batch 8.
 - profile: one degree-2 decode at batch 1 per mode under torch.profiler on both ranks: per step, time in compute
   kernels, in communication kernels, GPU idle, and the gap between steps (host work and lockstep;
@@ -59,7 +60,7 @@ from gpu_trace_summary import summarize_trace  # noqa: E402
 from specsplit.services.local_engine import LocalEngine  # noqa: E402
 from specsplit.services.models.loader import RANDOM_WEIGHTS_MARKER, load_model  # noqa: E402
 from specsplit.services.runtime.tensor_parallel_all_reduce import MODE_ENV  # noqa: E402
-from specsplit.services.runtime.tensor_parallel_commands import CHANNEL_ENV  # noqa: E402
+from specsplit.services.runtime.tensor_parallel_commands import CHANNEL_ENV, SPIN_ENV  # noqa: E402
 from specsplit.services.sampling_params import SamplingParams  # noqa: E402
 
 SHAPES = {  # config.json values of the real models
@@ -359,12 +360,17 @@ def seven_b_parts(run: Run, root: Path, parts: list[str]) -> None:
         close(run, e)
     run.save()
 
-    if "decode" in parts and not run.args.no_gloo_channel:  # the channel before this issue, with NCCL
-        with environment(**{CHANNEL_ENV: "gloo", MODE_ENV: "nccl"}):
+    # The gloo channel (the one before this issue) and the socket channel with followers that block at once
+    # (SPECSPLIT_TP_SPIN_SECONDS=0, against the polling default), both with NCCL.
+    variants = [] if "decode" not in parts else [
+        *([] if run.args.no_gloo_channel else [("gloo", {CHANNEL_ENV: "gloo"})]),
+        ("socket_no_spin", {CHANNEL_ENV: "socket", SPIN_ENV: "0"})]
+    for channel, variables in variants:
+        with environment(**variables, **{MODE_ENV: "nccl"}):
             e = engine(run, str(target), None, 2)
         try:
             for batch in batches:
-                row(run, **base, degree=2, channel="gloo", mode="nccl", batch=batch,
+                row(run, **base, degree=2, channel=channel, mode="nccl", batch=batch,
                     **measure(run, e, batch, 0, None, vocab))
         finally:
             close(run, e)
@@ -427,7 +433,7 @@ def _decode_summary(run: Run, batches: list[int]) -> None:
     spec = [r for r in run.rows if r["part"] == "speculative"]
     for r in spec:
         plain = next((d for d in decode if d["degree"] == r["degree"] and d["batch"] == r["batch"]
-                      and d["mode"] in (r["mode"], "")), None)
+                      and d["mode"] in (r["mode"], "") and d["channel"] in (r["channel"], "")), None)
         if plain:
             r["vs_target_only"] = round(r["tokens_per_s"] / plain["tokens_per_s"], 3)
 
@@ -582,7 +588,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--alpha", type=float, default=0.7)
     parser.add_argument("--kv-gib", type=float, default=2.0, help="KV cache of each 70b worker rank")
-    parser.add_argument("--big-mode", default="auto", help="the 70b target's all-reduce mode (nccl, symm, fused)")
+    parser.add_argument("--big-mode", default="nccl", help="the 70b target's all-reduce mode (nccl, symm, fused)")
     parser.add_argument("--no-gloo-channel", action="store_true", help="skip the degree-2 run over the gloo channel")
     parser.add_argument("--stall-seconds", type=float, default=240, help="exit after this long without progress")
     parser.add_argument("--dry-run", action="store_true", help="CPU, gloo, tiny shapes: the script's own check")
@@ -602,20 +608,26 @@ def main() -> int:
     started = time.perf_counter()
     bandwidth = copy_bandwidth(run.device)
     run.summary["copy_bandwidth_GBps"] = round(bandwidth / 1e9, 1)
-    run.summary["environment"] = {k: os.environ.get(k) for k in (*MULTICAST_OFF, MODE_ENV, CHANNEL_ENV)}
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        # The fused kernel's own barrier is the one thing here that could hang a GPU: its exactness check comes
-        # last, after everything the other modes measure (the watchdog ends a hang).
-        if "exact" in parts:
-            exact_part(run, root, [m for m in run.modes if m != "fused"])
-        if {"decode", "profile", "speculative"} & set(parts):
-            seven_b_parts(run, root, parts)
-        if "exact" in parts and "fused" in run.modes:
-            exact_part(run, root, ["fused"])
-        if "70b" in parts:
-            seventy_b_part(run, root, bandwidth)
-    run.summary["seconds"] = round(time.perf_counter() - started, 1)
+    run.summary["environment"] = {k: os.environ.get(k) for k in (*MULTICAST_OFF, MODE_ENV, CHANNEL_ENV, SPIN_ENV)}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            # The fused kernel's own barrier is the one thing here that could hang a GPU: its exactness check
+            # comes last, after everything the other modes measure (the watchdog ends a hang).
+            if "exact" in parts:
+                exact_part(run, root, [m for m in run.modes if m != "fused"])
+            if {"decode", "profile", "speculative"} & set(parts):
+                seven_b_parts(run, root, parts)
+            if "exact" in parts and "fused" in run.modes:
+                exact_part(run, root, ["fused"])
+            if "70b" in parts:
+                seventy_b_part(run, root, bandwidth)
+    except BaseException as error:  # a part that fails keeps what the others measured
+        run.summary["error"] = repr(error)
+        raise
+    finally:
+        run.summary["seconds"] = round(time.perf_counter() - started, 1)
+        run.save()
     for rows, columns in (
             ([r for r in run.rows if r["part"] != "exact"],
              ["part", "target", "degree", "channel", "mode", "batch", "k", "alpha", "tokens_per_s", "vs_degree_1",
@@ -627,7 +639,6 @@ def main() -> int:
         if rows:
             print_table(rows, columns)
     log(json.dumps(run.summary))
-    run.save()
     return 0
 
 

@@ -5,12 +5,17 @@ layer. NCCL spends ~10 us on such a message (its protocol, its own stream); a on
 rank reads every other rank's buffer over NVLink peer-to-peer and adds them in rank order, spends a few (what vLLM's
 and TensorRT-LLM's custom all-reduces do). Modes (SPECSPLIT_TP_ALL_REDUCE, or DrivingModelRunner.use_all_reduce):
 
-- "nccl": the model group's all-reduce (NCCL; gloo on the CPU), then the add_rms_norm kernel. Always available.
+- "nccl" (the default): the model group's all-reduce (NCCL; gloo on the CPU), then the add_rms_norm kernel. Always
+  available.
 - "symm": torch's one-shot all-reduce over symmetric memory (torch.ops.symm_mem.one_shot_all_reduce_copy; torch's
   CUDA backend maps each rank's buffer into the others; NVLink multicast stays off), then add_rms_norm.
 - "fused": as "symm" for the plain all-reduces (the embedding's); at the norms that follow o_proj and down_proj one
   launch of kernels/all_reduce_rms_norm_triton.py sums the ranks' rows, adds the residual and normalises.
-- "auto" (the default): "symm" where it is available, else "nccl".
+- "auto": "symm" where it is available, else "nccl".
+
+"symm", "fused" and "auto" are opt-in and unverified on a GPU: on torch 2.11 the one-shot op resolves the replica's
+group through c10d's registry, where the directly built NCCL group is not, so its rendezvous fails and every rank
+falls back to NCCL; no benchmark has shown either faster than NCCL.
 
 Messages above PEER_MAX_BYTES (prefill chunks) go to NCCL in every mode: there bandwidth counts, and NCCL's ring
 has more of it than one rank reading all the others.
@@ -35,6 +40,7 @@ log = logging.getLogger(__name__)
 
 MODE_ENV = "SPECSPLIT_TP_ALL_REDUCE"
 MODES = ("auto", "nccl", "symm", "fused")
+DEFAULT_MODE = "nccl"  # the peer-to-peer modes stay opt-in until a GPU run shows them working and faster
 PEER_MAX_BYTES = int(os.environ.get("SPECSPLIT_TP_PEER_MAX_BYTES", 1 << 20))
 CHECK_MAX_SPINS = 1 << 20  # a second or so of polling a flag over NVLink: the check's barrier then gives up
 _PEER_DTYPES = (torch.bfloat16, torch.float32)  # what torch's one-shot kernels take

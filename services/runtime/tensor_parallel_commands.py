@@ -7,7 +7,8 @@ arrives, so the command's latency is paid on every step. Two channels, chosen by
 - "socket" (the default): one stream socket from rank 0 to each other rank (a Unix socket on one host; TCP to
   SPECSPLIT_TP_HOST where ranks span hosts). A step's command, once per worker call, is a 16-byte header and the
   step's packed int64 inputs as raw bytes: its program, shape and bucket travel once, as a numbered definition, and
-  later steps name the number. Other commands (prefill forwards, block-table changes) are pickled. On a GPU a
+  later steps name the number (graph shapes only; an eager step's shape, sized to the exact context, travels with
+  it each time). Other commands (prefill forwards, block-table changes) are pickled. On a GPU a
   follower polls its socket without blocking for SPIN seconds after each command (the next step follows within a
   millisecond or two while a replica decodes, and waking a blocked thread costs tens of microseconds), then
   blocks, so an idle replica burns no CPU; on the CPU, where the ranks compute on the cores a poll would take, it
@@ -40,6 +41,9 @@ COMMAND_FRAME_BYTES = 4096
 
 _HEADER = struct.Struct("<IIQ")  # kind, step definition number, payload bytes
 _PICKLED, _STEP, _DEFINE = 0, 1, 2
+# The definition number of an eager step (no bucket): its shape follows the exact context, so it is defined anew
+# with each step and never kept (graph shapes are bucketed: a bounded set, each defined once).
+_UNBUCKETED = 0xFFFFFFFF
 
 
 class CommandChannelClosed(RuntimeError):
@@ -78,12 +82,13 @@ class SocketCommands:
         self._send_all(_HEADER.pack(_PICKLED, 0, len(payload)) + payload)
 
     def send_step(self, name: str, shape, rows: int, host: np.ndarray, bucket: int | None) -> None:
-        """A step program's command: its inputs as raw bytes, its program, shape and bucket by number."""
+        """A step program's command: its inputs as raw bytes, its program, shape and bucket by number (an eager
+        step's definition comes with it every time)."""
         key = (name, shape, rows, bucket)
         number = self._defined.get(key)
         frames = b""
         if number is None:
-            number = self._defined[key] = len(self._defined)
+            number = _UNBUCKETED if bucket is None else self._defined.setdefault(key, len(self._defined))
             definition = pickle.dumps(key, protocol=pickle.HIGHEST_PROTOCOL)
             frames = _HEADER.pack(_DEFINE, number, len(definition)) + definition
         data = np.ascontiguousarray(host, dtype=np.int64).tobytes()
@@ -107,7 +112,7 @@ class SocketCommands:
             payload = bytearray(size)
             self._receive_into(memoryview(payload), spin=False)
             self._last_command = time.monotonic()
-            if kind == _DEFINE:
+            if kind == _DEFINE:  # an eager step's replaces the previous one's (_UNBUCKETED)
                 self._definitions[number] = pickle.loads(payload)
             elif kind == _STEP:
                 name, shape, rows, bucket = self._definitions[number]

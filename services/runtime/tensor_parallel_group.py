@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from specsplit.services.errors import InvalidArgument
-from specsplit.services.runtime.tensor_parallel_all_reduce import MODE_ENV, AllReduce
+from specsplit.services.runtime.tensor_parallel_all_reduce import DEFAULT_MODE, MODE_ENV, AllReduce
 from specsplit.services.runtime.tensor_parallel_commands import open_command_channel
 
 # Model collectives that take longer than this mean a rank is gone (or stuck): fail rather than hang.
@@ -79,9 +79,9 @@ class TensorParallelGroup:
         return self.rank == 0
 
     def use_all_reduce(self, mode: str | None = None) -> str:
-        """Collective: the all-reduce every rank uses from now on (SPECSPLIT_TP_ALL_REDUCE, default "auto");
+        """Collective: the all-reduce every rank uses from now on (SPECSPLIT_TP_ALL_REDUCE, default "nccl");
         returns the mode all ranks could agree on. Graphs captured before hold the old one (drop them)."""
-        return self.all_reduce.use(mode or os.environ.get(MODE_ENV, "auto"))
+        return self.all_reduce.use(mode or os.environ.get(MODE_ENV, DEFAULT_MODE))
 
     # -- collectives of the sharded layers (graph-capturable on a GPU: no host reads) ------------------------------
 

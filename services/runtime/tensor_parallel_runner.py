@@ -133,7 +133,7 @@ def follow(group, make_runner) -> None:
     from specsplit.services.target.verify_steps import VerifySteps
 
     programs = {VerifySteps.name: VerifySteps, DraftSteps.name: DraftSteps}
-    layouts = {}  # (program, shape, rows) -> its input layout: built once, not on every step
+    layouts = {}  # (program, shape, rows) -> a graph step's input layout: built once, not on every step
     runner = profiler = None
     while True:
         kind, *args = group.receive_command()
@@ -154,7 +154,9 @@ def follow(group, make_runner) -> None:
             program = programs[name]
             layout = layouts.get((name, shape, rows))
             if layout is None:
-                layout = layouts[(name, shape, rows)] = program.layout(shape, rows)
+                layout = program.layout(shape, rows)
+                if bucket is not None:  # eager shapes follow the exact context: keeping them would grow forever
+                    layouts[(name, shape, rows)] = layout
             runner.execute_step(program, shape, layout, host, bucket)
         elif kind == "tables":
             change = args[0]

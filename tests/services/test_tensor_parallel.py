@@ -77,6 +77,12 @@ def test_target_degree_two_greedy_and_sampled_identical(sharded_target, referenc
     assert generate(sharded_target, 4, 0.8) == reference["spec_sampled"]
 
 
+def test_eager_decode_keeps_no_step_definitions(sharded_target):
+    """On the CPU (no graphs) every decode step has a new exact-context shape: rank 0 keeps none of them."""
+    generate_tokens(sharded_target, PROMPTS[:2], 0, 12, 0.0, None)
+    assert len(sharded_target.target_runner.group.commands._defined) == 0
+
+
 def test_target_degree_four_with_sharded_draft(tiny_pair, reference):
     """Target over 4 ranks (KV heads replicated), the draft over 2 (its k-step programs in lockstep)."""
     e = engine(tiny_pair, target_degree=4, draft_degree=2)

@@ -81,6 +81,25 @@ def test_every_follower_gets_every_command_in_order(kind, poll):
         channel.close()
 
 
+def test_eager_steps_carry_their_shape_and_keep_no_definitions():
+    """Without graphs a step's shape follows the exact context (a new one every decode step): each travels with its
+    step and neither end keeps it, so a long-lived eager replica does not grow."""
+    driver, follower = open_channels("socket", 2)
+    shapes = [VerifyShape(width=2, steps=1, support=1, greedy=True, sampling=SamplingFlags(False, False, True),
+                          logprobs=False, synthetic=None, max_context=context) for context in range(10, 40)]
+    received = []
+    thread = threading.Thread(target=lambda: received.extend(follower.receive() for _ in shapes))
+    thread.start()
+    for context, step_shape in enumerate(shapes):
+        driver.send_step("verify", step_shape, 1, np.full(6, context, dtype=np.int64), None)
+    thread.join(timeout=60)
+    assert [c[2] for c in received] == shapes and [c[5] for c in received] == [None] * len(shapes)
+    assert [int(c[4][0]) for c in received] == list(range(len(shapes)))
+    assert len(driver._defined) == 0 and len(follower._definitions) == 1
+    driver.close()
+    follower.close()
+
+
 def test_a_lost_follower_fails_rank_zeros_next_send():
     driver, follower = open_channels("socket", 2)
     follower.close()
