@@ -10,6 +10,7 @@ import grpc
 
 from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
 from specsplit.services.service_commands import spawn_service
+from dashboard_queries import scrape  # noqa: F401  (the tests import it from here too)
 
 
 def free_port() -> int:
@@ -76,20 +77,6 @@ def generate_concurrently(address: str, prompts: list[str], max_tokens: int, tim
 
     with ThreadPoolExecutor(len(prompts)) as pool:
         return list(pool.map(one, prompts))
-
-
-def scrape(url: str) -> dict[tuple, float]:
-    """{(sample name, sorted labels): value} from the Prometheus text page at `url`/metrics."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text) for s in family.samples
-    }
 
 
 def item_codes(response) -> list[int]:
