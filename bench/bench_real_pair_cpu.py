@@ -100,7 +100,8 @@ def speed_part(args, target_dir, draft_dir, tokenizer) -> tuple[list[dict], dict
             for k in ks:  # one pass over the prompts per k
                 for prompt_ids in ids:
                     start = time.perf_counter()
-                    r = client.generate(prompt_ids, max_tokens=n, num_speculative_tokens=k)
+                    r = client.generate(prompt_ids, max_tokens=n, num_speculative_tokens=k,
+                                        speculation="fixed" if k else None)  # exactly k, not at most
                     record(name if k == 0 else f"{name}_k{k}", time.perf_counter() - start, r.token_ids)
         print(name, "done", flush=True)
 
@@ -109,7 +110,8 @@ def speed_part(args, target_dir, draft_dir, tokenizer) -> tuple[list[dict], dict
     asyncio.run(engine.generate(ids[0], SamplingParams(max_tokens=4)))
     for prompt_ids in ids:
         start = time.perf_counter()
-        r = asyncio.run(engine.generate(prompt_ids, SamplingParams(max_tokens=n, num_speculative_tokens=4)))
+        r = asyncio.run(engine.generate(prompt_ids, SamplingParams(max_tokens=n, num_speculative_tokens=4,
+                                                                   speculation="fixed")))
         record("in_process_speculative_k4", time.perf_counter() - start, r.token_ids)
     del engine
     gc.collect()
@@ -146,7 +148,8 @@ def acceptance_part(args, target_dir, draft_dir) -> tuple[list[dict], dict]:
             prompt_tokens[name] = sum(r.prompt_tokens for r in base)
             for temperature in (0.0, 0.7):
                 for k in (2, 4, 6):
-                    params = dict(max_tokens=args.max_tokens, num_speculative_tokens=k, temperature=temperature, seed=7)
+                    params = dict(max_tokens=args.max_tokens, num_speculative_tokens=k, temperature=temperature, seed=7,
+                                  speculation="fixed")
                     start = time.perf_counter()
                     results = run_many(address, prompts, params, args.concurrency)
                     elapsed = time.perf_counter() - start
