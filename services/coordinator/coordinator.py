@@ -255,18 +255,21 @@ class Coordinator:
 
     def _drafts_to_attach(self, live: list[SequenceState]) -> list[SequenceState]:
         """Sequences whose draft KV is built now (beside the target's prefill for new ones): those the speculation
-        policy expects to speculate at this batch size (a request that fixes its k always does), else one when a
-        probe is due and no sequence has a draft to probe with. A draft that never helps costs no prefills."""
-        waiting = [s for s in live if self._wants_draft(s) and not s.draft_prefilled
+        policy expects to speculate at this batch size (a request that fixes its k always does), else, when a probe
+        is due and no sequence has a draft to probe with, the one with the most tokens left to speculate with. A
+        draft that never helps costs no prefills."""
+        waiting = [s for s in live if not s.draft_prefilled and self._wants_draft(s)
                    and self._variant_pool(s) is not None]
+        if not waiting:
+            return []
         worth = {}  # per draft variant, not per sequence
         for s in waiting:
             if s.draft_variant not in worth:
                 worth[s.draft_variant] = self.policy.worth_drafting(s.draft_variant, len(live))
         attach = [s for s in waiting if worth[s.draft_variant] or not _follows_policy(s.request.params)]
-        if waiting and not attach and self.policy.probe_due(len(live)) and not any(
+        if not attach and self.policy.probe_due(len(live)) and not any(
                 s.draft_prefilled and _follows_policy(s.request.params) for s in live):
-            attach = waiting[:1]
+            attach = [max(waiting, key=lambda s: s.stop.max_tokens - (len(s.committed) - s.prompt_len))]
         return attach
 
     async def _prefill_targets(self, sequences: list[SequenceState]) -> None:

@@ -239,3 +239,28 @@ def test_a_plain_round_measured_with_interference_does_not_make_a_useless_draft_
     policy.variant_counts["d"] = (50.0, 0.5)
     picks = [policy.choose([policy.rate(useless, "d")], 1, 4) for _ in range(20)]
     assert picks.count(0) >= 19
+
+
+def test_a_probe_attaches_the_sequence_with_the_most_tokens_left_and_only_one(tiny_pair):
+    """No draft worth its KV at this batch size and a probe due: one sequence gets its draft, the one with the most
+    tokens to speculate with (a draft prefill for a sequence about to finish would buy nothing)."""
+    from specsplit.services.coordinator.generation import GenerationRequest
+
+    engine = LocalEngine(tiny_pair["target"], tiny_pair["unrelated"], num_speculative_tokens=4, dtype="float64")
+    coordinator, policy = engine.coordinator, engine.coordinator.policy
+    measured(policy, batch=3, decode=0.010, verify=0.011, propose_per_k=0.002)
+    for pool in coordinator.drafts:
+        policy.variant_counts[pool.name] = (256.0, 1.0)  # a draft that never agrees
+    tok = byte_tokenizer()
+
+    async def main():
+        sequences = [coordinator.submit(GenerationRequest(tok.encode(f"prompt {i}"), SamplingParams(max_tokens=n)))
+                     for i, n in enumerate((3, 40, 12))]  # nothing awaited: the loop has not taken them yet
+        assert not policy.worth_drafting(coordinator.drafts[0].name, 3)
+        assert coordinator._drafts_to_attach(sequences) == []  # no probe due: nobody
+        policy.buckets[bucket_of(3)].rounds_at_zero = 1 << 20
+        assert coordinator._drafts_to_attach(sequences) == [sequences[1]]  # due: the one with 40 tokens to go
+        await coordinator.wait_idle()
+        await engine.close()
+
+    asyncio.run(main())
