@@ -29,9 +29,9 @@ import torch
 from torch import nn
 
 from specsplit.kernels.dispatch import batch_invariant
-from specsplit.services.runtime import json_cache
-from specsplit.services.runtime.json_cache import read_cache
+from specsplit.services.runtime.json_cache import read_cache, write_cache
 from specsplit.services.runtime.machine import cpu_model
+from specsplit.services.runtime.machine import machine_key as runtime_machine_key
 from specsplit.services.models.weight_formats import (
     DUAL_DENSE_ROWS,
     LINEAR_LAYOUTS,
@@ -160,7 +160,7 @@ def choose_layout(loaded, requested: str, role: str, rows: dict[int, float], tim
     write_cache(cache_file, key, {"layout": choice.layout, "ms": ms, "seconds": choice.seconds,
                                   "model": loaded.name, "role": role, "rows": {str(r): w for r, w in rows.items()},
                                   "ms_per_rows": per_rows_ms, **machine_key(), "load_avg_1m": os.getloadavg()[0],
-                                  "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+                                  "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, quiet=True)
     log.warning("layout %s", choice.describe(loaded.name))
     return choice
 
@@ -274,7 +274,7 @@ class MatmulTimer:
 
 
 def machine_key() -> dict:
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__}
+    return runtime_machine_key(threads=torch.get_num_threads())
 
 
 def model_fingerprint(loaded) -> str:
@@ -292,13 +292,6 @@ def default_cache_file() -> Path:
     from specsplit.services.models.prepare import models_root
 
     return models_root() / CACHE_FILE
-
-
-def write_cache(path: Path, key: str, entry: dict) -> None:
-    try:
-        json_cache.write_cache(path, key, entry)
-    except OSError as error:  # a read-only cache measures again next start, nothing worse
-        log.warning("could not cache the layout choice in %s: %s", path, error)
 
 
 def cached_choices_for_this_machine(path: Path | None = None) -> list[dict]:

@@ -37,9 +37,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specsplit.services.runtime import json_cache
-from specsplit.services.runtime.json_cache import read_cache
-from specsplit.services.runtime.machine import cpu_model
+from specsplit.services.runtime.json_cache import read_cache, write_cache
+from specsplit.services.runtime.machine import available_cores, machine_key
 
 WAIT_ENV = "SPECSPLIT_OMP_WAIT"
 CHOSEN_ENV = "SPECSPLIT_OMP_WAIT_CHOSEN"  # what a parent chose for the processes it starts
@@ -164,8 +163,8 @@ def decide(argv: list[str], environ=os.environ, busy_cores=None, measure=None, c
         return WaitChoice("passive", "machine got busy while measuring", settings_of("passive"))
     policy = pick(seconds)
     write_cache(cache_file, key, {"policy": policy, "seconds": seconds, "layout": layout,
-                                  "measured_in_s": time.perf_counter() - started, **machine_key(cores),
-                                  "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+                                  "measured_in_s": time.perf_counter() - started, **machine_key(cores=cores),
+                                  "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, quiet=True)
     timings = ", ".join(f"{name} {1e3 * s:.1f} ms" for name, s in sorted(seconds.items(), key=lambda kv: kv[1]))
     return WaitChoice(policy, f"measured for {layout}: {timings} per step", settings_of(policy))
 
@@ -200,24 +199,31 @@ def without_wait_choice(environ) -> dict:
 
 
 def others_busy_cores(look: float = LOAD_LOOK_S) -> float:
-    """Cores kept busy by other processes over `look` seconds (this process sleeps meanwhile); 0 off Linux."""
+    """Cores this process may run on (its affinity) kept busy by other processes over `look` seconds (this process
+    sleeps meanwhile); 0 off Linux."""
     try:
         first = _cpu_times()
         time.sleep(look)
         second = _cpu_times()
-    except (OSError, ValueError):
+    except (OSError, ValueError, IndexError):
         return 0.0
     total = sum(second) - sum(first)
     idle = (second[3] + second[4]) - (first[3] + first[4])
     if total <= 0:
         return 0.0
-    return (total - idle) / total * (os.cpu_count() or 1)
+    return (total - idle) / total * available_cores()
 
 
-def _cpu_times() -> list[int]:
-    with open("/proc/stat") as f:
-        fields = f.readline().split()
-    return [int(v) for v in fields[1:9]]
+def _cpu_times(stat: str = "/proc/stat") -> list[int]:
+    """The first 8 time columns summed over the CPUs this process may run on (all of them without an affinity)."""
+    try:
+        mine = {f"cpu{c}" for c in os.sched_getaffinity(0)}
+    except AttributeError:  # not Linux
+        mine = None
+    with open(stat) as f:
+        lines = [line.split() for line in f if line.startswith("cpu")]
+    rows = [fields for fields in lines[1:] if mine is None or fields[0] in mine] or lines[:1]
+    return [sum(int(fields[i]) for fields in rows) for i in range(1, 9)]
 
 
 def measure_candidates(layout: str, steps: int = 12) -> dict[str, float]:
@@ -233,33 +239,13 @@ def measure_candidates(layout: str, steps: int = 12) -> dict[str, float]:
     return seconds
 
 
-def machine_key(cores: int | None = None) -> dict:
-    try:
-        from importlib.metadata import version
-
-        torch_version = version("torch")
-    except Exception:  # not installed as a distribution
-        torch_version = "?"
-    return {"cpu": cpu_model(), "cores": cores or os.cpu_count(), "torch": torch_version}
-
-
 def cache_key(layout: str, cores: int | None = None) -> str:
     """Per CPU, cores, torch, layout and the candidates measured (another set measures again)."""
-    m = machine_key(cores)
+    m = machine_key(cores=cores)
     return f"{m['cpu']}|{m['cores']} cores|torch {m['torch']}|{layout}|{','.join(CANDIDATES)}"
 
 
 def default_cache_file() -> Path:
-    root = os.environ.get("SPECSPLIT_CACHE")
-    if root:
-        return Path(root).expanduser() / CACHE_FILE
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "specsplit" / CACHE_FILE
+    from specsplit.services.models.prepare import cache_root  # imports no torch
 
-
-def write_cache(path: Path, key: str, entry: dict) -> None:
-    try:
-        json_cache.write_cache(path, key, entry)
-    except OSError:
-        pass  # a read-only cache measures again next start, nothing worse
+    return cache_root() / CACHE_FILE

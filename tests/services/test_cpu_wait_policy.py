@@ -155,3 +155,25 @@ def test_the_probe_workload_runs_in_two_processes_taking_turns():
     out = subprocess.run([sys.executable, "-m", "specsplit.services.runtime.wait_probe", "--layout", "turns",
                           "--steps", "2"], env=env, capture_output=True, text=True, timeout=120, check=True)
     assert 0 < float(out.stdout.strip()) < 10
+
+
+def test_the_load_look_counts_only_the_cores_this_process_may_run_on(tmp_path, monkeypatch):
+    """A process pinned to some cores of a large machine: the other cores' load is not its business."""
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  30 0 0 70 0 0 0 0 0 0\ncpu0 10 0 0 0 0 0 0 0 0 0\ncpu1 20 0 0 0 0 0 0 0 0 0\n"
+                    "cpu2 0 0 0 70 0 0 0 0 0 0\nintr 1\n")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2})
+    assert wait._cpu_times(str(stat)) == [0, 0, 0, 70, 0, 0, 0, 0]
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert wait._cpu_times(str(stat)) == [30, 0, 0, 0, 0, 0, 0, 0]
+    assert wait.machine_key()["cores"] == 2
+
+
+def test_the_cache_lives_with_the_models_cache_and_a_read_only_one_is_no_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECSPLIT_CACHE", str(tmp_path / "c"))
+    assert wait.default_cache_file() == tmp_path / "c" / wait.CACHE_FILE
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    measure = Measure({"passive": 0.2, "active": 0.1})
+    choice = decide(["generate", "--local"], {}, QUIET, measure, blocked / "cpu_wait.json")  # its folder is a file
+    assert choice.policy == "active" and measure.layouts == ["one"]
