@@ -228,15 +228,22 @@ def _cpu_times(stat: str = "/proc/stat") -> list[int]:
 
 def measure_candidates(layout: str, steps: int = 12) -> dict[str, float]:
     """Seconds per step (per round of both processes for "turns") of the probe workload under each candidate."""
-    seconds = {}
-    for policy in CANDIDATES:
-        env = {k: v for k, v in os.environ.items() if k not in USER_VARIABLES and k != CHOSEN_ENV}
-        env.update(settings_of(policy))
-        command = [sys.executable, "-m", "specsplit.services.runtime.wait_probe", "--steps", str(steps),
-                   "--layout", layout]
-        out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=True)
-        seconds[policy] = float(out.stdout.strip().splitlines()[-1])
-    return seconds
+    return {policy: probe_seconds(policy, layout, steps) for policy in CANDIDATES}
+
+
+def environment_for(policy: str, environ=os.environ) -> dict:
+    """`environ` with `policy`'s variables instead of any choice made in it, for a process started to run under it."""
+    env = {k: v for k, v in environ.items() if k not in USER_VARIABLES and k != CHOSEN_ENV}
+    env.update(settings_of(policy))
+    return env
+
+
+def probe_seconds(policy: str, layout: str, steps: int = 12, timeout: float = PROBE_TIMEOUT_S) -> float:
+    """Seconds per step of the probe workload (wait_probe.py) in a fresh process waiting under `policy`."""
+    command = [sys.executable, "-m", "specsplit.services.runtime.wait_probe", "--steps", str(steps), "--layout", layout]
+    out = subprocess.run(command, env=environment_for(policy), capture_output=True, text=True, timeout=timeout,
+                         check=True)
+    return float(out.stdout.strip().splitlines()[-1])
 
 
 def cache_key(layout: str, cores: int | None = None) -> str:
