@@ -44,12 +44,13 @@ TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 
 
 class Services:
-    """`specsplit serve` in a child process for the duration of a `with` block."""
+    """`specsplit serve` in a child process for the duration of a `with` block (`env`: its environment, None: this
+    process's)."""
 
-    def __init__(self, target_dir, draft_dir, kv_blocks: int, *extra: str):
+    def __init__(self, target_dir, draft_dir, kv_blocks: int, *extra: str, env: dict | None = None):
         argv = ["serve", "--target", str(target_dir), "--draft", str(draft_dir) if draft_dir else "none", "--port", "0",
                 "--metrics-port", "-1", "-k", "4", "--num-kv-blocks", str(kv_blocks), *extra]
-        self.process, self.address = spawn_service(argv)
+        self.process, self.address = spawn_service(argv, env=env)
 
     def __enter__(self):
         return self.address
