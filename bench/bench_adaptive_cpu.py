@@ -33,31 +33,19 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_common import print_table, write_results  # noqa: E402
+from bench_real_pair_cpu import Services as RealPairServices  # noqa: E402
 from prompts import humaneval_prompts  # noqa: E402
 from specsplit.client import Client  # noqa: E402
 from specsplit.services.local_engine import LocalEngine  # noqa: E402
 from specsplit.services.models.prepare import resolve_model  # noqa: E402
 from specsplit.services.sampling_params import SamplingParams  # noqa: E402
-from specsplit.services.service_commands import spawn_service  # noqa: E402
 
 TARGET = "qwen2.5-coder-1.5b-instruct"
 
 
-class Services:
+def Services(target_dir, draft_dir, kv_blocks: int) -> RealPairServices:
     """`specsplit serve` (k = 4, adaptive) in a child process that chooses its own OpenMP wait policy."""
-
-    def __init__(self, target_dir, draft_dir, kv_blocks: int):
-        argv = ["serve", "--target", str(target_dir), "--draft", str(draft_dir) if draft_dir else "none", "--port", "0",
-                "--metrics-port", "-1", "--http-port", "-1", "-k", "4", "--num-kv-blocks", str(kv_blocks)]
-        self.process, self.address = spawn_service(argv, env=without_wait_choice(os.environ))
-        self.wait = next((line for line in self.process.startup_lines if " OpenMP threads wait: " in line), None)
-
-    def __enter__(self):
-        return self.address
-
-    def __exit__(self, *exc):
-        self.process.terminate()
-        self.process.wait(timeout=120)
+    return RealPairServices(target_dir, draft_dir, kv_blocks, "--http-port", "-1", env=without_wait_choice(os.environ))
 
 
 def unrelated_draft(folder: Path, target_dir: Path) -> Path:

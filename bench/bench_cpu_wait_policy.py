@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_common import print_table, write_results  # noqa: E402
 from specsplit.services.runtime import cpu_wait_policy as wait  # noqa: E402 (imports no torch)
+from specsplit.services.runtime.machine import cpu_model  # noqa: E402
 
 POLICIES = wait.CANDIDATES
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
@@ -37,13 +38,7 @@ def lscpu_model() -> str:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
         return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
     except (OSError, subprocess.CalledProcessError, StopIteration):
-        return wait.cpu_model()
-
-
-def env_for(policy: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in (*wait.USER_VARIABLES, wait.CHOSEN_ENV)}
-    env.update(wait.settings_of(policy))
-    return env
+        return cpu_model()
 
 
 class Load:
@@ -60,20 +55,13 @@ class Load:
             p.wait(timeout=10)
 
 
-def probe(policy: str, layout: str, steps: int) -> float:
-    out = subprocess.run([sys.executable, "-m", "specsplit.services.runtime.wait_probe", "--layout", layout,
-                          "--steps", str(steps)], env=env_for(policy), capture_output=True, text=True, timeout=600,
-                         check=True)
-    return float(out.stdout.strip().splitlines()[-1])
-
-
 def generate(policy: str, how: str, args) -> float:
     """Tokens per second of one request (`how`: local or serve), its own timing."""
     common = ["--target", args.target, "--draft", args.draft, "-k", "4", "--prompt", PROMPT, "--max-tokens",
               str(args.tokens), "--ignore-eos", "--json"]
     argv = ["generate", "--local", *common] if how == "local" else ["serve", "--port", "0", "--metrics-port", "-1",
                                                                    *common]
-    out = subprocess.run([sys.executable, "-m", "specsplit", *argv], env=env_for(policy), capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "specsplit", *argv], env=wait.environment_for(policy), capture_output=True,
                          text=True, timeout=3600, check=True).stdout
     result = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
     return len(result["token_ids"]) / result["timings"]["total_s"]
@@ -111,7 +99,7 @@ def main() -> None:
                 for _ in range(args.repeats):
                     for policy in POLICIES:
                         if workload == "probe":
-                            samples[policy].append(probe(policy, layout, args.steps))
+                            samples[policy].append(wait.probe_seconds(policy, layout, args.steps, timeout=600))
                         else:
                             samples[policy].append(generate(policy, layout, args))
                 load_after = os.getloadavg()[0]

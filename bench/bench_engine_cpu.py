@@ -102,7 +102,8 @@ def main() -> None:
     stats = {}
     for _ in range(args.repeats):
         for k in ks:
-            p = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, num_speculative_tokens=k)
+            p = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, num_speculative_tokens=k,
+                               speculation="fixed" if k else None)  # exactly k a round, not the policy's pick
             elapsed_total, results_all = 0.0, []
             for i in range(0, len(prompts), args.batch):
                 results, elapsed = asyncio.run(run(engine, prompts[i : i + args.batch], p))

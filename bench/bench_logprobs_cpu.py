@@ -102,8 +102,8 @@ def logprob_work_ms(vocab: int, top_n: int, reps: int, calls: int = 20) -> float
 
 def end_to_end(prompts: list[str], max_tokens: int) -> list[dict]:
     engine = LocalEngine(str(resolve_model(TARGET)), str(resolve_model(DRAFT)), num_speculative_tokens=K)
-    configs = [("speculative, no logprobs", dict(logprobs=None)),
-               ("speculative, logprobs 20", dict(logprobs=20)),
+    configs = [("speculative, no logprobs", dict(logprobs=None, speculation="fixed")),  # k = K every round
+               ("speculative, logprobs 20", dict(logprobs=20, speculation="fixed")),
                ("target-only, logprobs 20", dict(logprobs=20, num_speculative_tokens=0))]
 
     async def one(prompt, params):

@@ -108,7 +108,7 @@ def main() -> None:
     target = gpu.loaded_from_hf(gpu.hf_random_model(args.target, 0), args.target)
     draft = gpu.loaded_from_hf(gpu.hf_random_model(args.draft, 1), args.draft)
     requests = prompts(args)
-    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, num_speculative_tokens=4)
+    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, num_speculative_tokens=4, speculation="fixed")
     rows, outputs = [], {}
     for caching in (False, True):
         engine = LocalEngine(target, draft, num_speculative_tokens=4, prefix_caching=caching,

@@ -44,12 +44,13 @@ TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
 
 
 class Services:
-    """`specsplit serve` in a child process for the duration of a `with` block."""
+    """`specsplit serve` in a child process for the duration of a `with` block (`env`: its environment, None: this
+    process's)."""
 
-    def __init__(self, target_dir, draft_dir, kv_blocks: int, *extra: str):
+    def __init__(self, target_dir, draft_dir, kv_blocks: int, *extra: str, env: dict | None = None):
         argv = ["serve", "--target", str(target_dir), "--draft", str(draft_dir) if draft_dir else "none", "--port", "0",
                 "--metrics-port", "-1", "-k", "4", "--num-kv-blocks", str(kv_blocks), *extra]
-        self.process, self.address = spawn_service(argv)
+        self.process, self.address = spawn_service(argv, env=env)
 
     def __enter__(self):
         return self.address
@@ -100,7 +101,8 @@ def speed_part(args, target_dir, draft_dir, tokenizer) -> tuple[list[dict], dict
             for k in ks:  # one pass over the prompts per k
                 for prompt_ids in ids:
                     start = time.perf_counter()
-                    r = client.generate(prompt_ids, max_tokens=n, num_speculative_tokens=k)
+                    r = client.generate(prompt_ids, max_tokens=n, num_speculative_tokens=k,
+                                        speculation="fixed" if k else None)  # exactly k, not at most
                     record(name if k == 0 else f"{name}_k{k}", time.perf_counter() - start, r.token_ids)
         print(name, "done", flush=True)
 
@@ -109,7 +111,8 @@ def speed_part(args, target_dir, draft_dir, tokenizer) -> tuple[list[dict], dict
     asyncio.run(engine.generate(ids[0], SamplingParams(max_tokens=4)))
     for prompt_ids in ids:
         start = time.perf_counter()
-        r = asyncio.run(engine.generate(prompt_ids, SamplingParams(max_tokens=n, num_speculative_tokens=4)))
+        r = asyncio.run(engine.generate(prompt_ids, SamplingParams(max_tokens=n, num_speculative_tokens=4,
+                                                                   speculation="fixed")))
         record("in_process_speculative_k4", time.perf_counter() - start, r.token_ids)
     del engine
     gc.collect()
@@ -146,7 +149,8 @@ def acceptance_part(args, target_dir, draft_dir) -> tuple[list[dict], dict]:
             prompt_tokens[name] = sum(r.prompt_tokens for r in base)
             for temperature in (0.0, 0.7):
                 for k in (2, 4, 6):
-                    params = dict(max_tokens=args.max_tokens, num_speculative_tokens=k, temperature=temperature, seed=7)
+                    params = dict(max_tokens=args.max_tokens, num_speculative_tokens=k, temperature=temperature, seed=7,
+                                  speculation="fixed")
                     start = time.perf_counter()
                     results = run_many(address, prompts, params, args.concurrency)
                     elapsed = time.perf_counter() - start

@@ -38,7 +38,8 @@ K = 4
 
 def run_config(engine, prompts, temperature: float, method: str, max_tokens: int, concurrency: int):
     params = [SamplingParams(temperature=temperature, seed=i, max_tokens=max_tokens, ignore_eos=True,
-                             num_speculative_tokens=K, acceptance_method=method) for i in range(len(prompts))]
+                             num_speculative_tokens=K, speculation="fixed", acceptance_method=method)
+              for i in range(len(prompts))]
 
     async def main():
         start, results = time.perf_counter(), []

@@ -255,18 +255,21 @@ class Coordinator:
 
     def _drafts_to_attach(self, live: list[SequenceState]) -> list[SequenceState]:
         """Sequences whose draft KV is built now (beside the target's prefill for new ones): those the speculation
-        policy expects to speculate at this batch size (a request that fixes its k always does), else one when a
-        probe is due and no sequence has a draft to probe with. A draft that never helps costs no prefills."""
-        waiting = [s for s in live if self._wants_draft(s) and not s.draft_prefilled
+        policy expects to speculate at this batch size (a request that fixes its k always does), else, when a probe
+        is due and no sequence has a draft to probe with, the one with the most tokens left to speculate with. A
+        draft that never helps costs no prefills."""
+        waiting = [s for s in live if not s.draft_prefilled and self._wants_draft(s)
                    and self._variant_pool(s) is not None]
+        if not waiting:
+            return []
         worth = {}  # per draft variant, not per sequence
         for s in waiting:
             if s.draft_variant not in worth:
                 worth[s.draft_variant] = self.policy.worth_drafting(s.draft_variant, len(live))
         attach = [s for s in waiting if worth[s.draft_variant] or not _follows_policy(s.request.params)]
-        if waiting and not attach and self.policy.probe_due(len(live)) and not any(
+        if not attach and self.policy.probe_due(len(live)) and not any(
                 s.draft_prefilled and _follows_policy(s.request.params) for s in live):
-            attach = waiting[:1]
+            attach = [max(waiting, key=lambda s: s.stop.max_tokens - (len(s.committed) - s.prompt_len))]
         return attach
 
     async def _prefill_targets(self, sequences: list[SequenceState]) -> None:
@@ -349,13 +352,16 @@ class Coordinator:
         # it to the policy, its choice for the batch from their acceptance and the costs measured at this batch size.
         limits = {s: self._speculation_length(s, batch) for s in sequences}
         adaptive = {s: limits[s] > 0 and _follows_policy(s.request.params) for s in sequences}
-        rates = [self.policy.rate(s.acceptance, s.draft_variant) if adaptive[s] else 0.0 for s in sequences]
-        k = self.policy.choose(rates, batch, max((limits[s] for s in sequences if adaptive[s]), default=0))
+        rate_of = {s: self.policy.rate(s.acceptance, s.draft_variant) for s in sequences if limits[s] > 0}
+        k, probe = self.policy.choose_round(
+            [rate_of[s] if adaptive[s] else 0.0 for s in sequences], batch,
+            max((limits[s] for s in sequences if adaptive[s]), default=0),
+            [s.acceptance.evidence if adaptive[s] else 0.0 for s in sequences])
         k_of = {s: min(k, limits[s]) if adaptive[s] else limits[s] for s in sequences}
         # Overlap (pre_proposals.py): proposals made ahead last round whose continuation came true need no draft call.
         proposals = self._take_pre_proposals(sequences, k_of)
         pre_proposed = bool(proposals)
-        overlap = self._overlap_this_round(sequences, k_of, batch)
+        overlap = self._overlap_this_round(sequences, k_of, batch, rate_of)
         proposing = [s for s in sequences if k_of[s] > 0 and s not in proposals]
         started = time.perf_counter()
         propose_calls = [
@@ -404,7 +410,8 @@ class Coordinator:
                     sequence.bonus = verdict.num_accepted == len(proposal.token_ids) > 0
                     if proposal.token_ids:
                         self.policy.record_acceptance(sequence.acceptance, sequence.draft_variant,
-                                                      len(proposal.token_ids), verdict.num_accepted)
+                                                      len(proposal.token_ids), verdict.num_accepted,
+                                                      probe if adaptive[sequence] else None)
                 sequence.target_cached = verdict.num_cached
                 self._commit(sequence, verdict, len(proposal.token_ids) if proposal else 0, records)
                 if guess is not None and verdict.num_accepted == len(proposal.token_ids):
@@ -429,7 +436,8 @@ class Coordinator:
 
     # ---- overlapped rounds (overlap_policy.py, pre_proposals.py) -------------------------------------------------
 
-    def _overlap_this_round(self, sequences: list[SequenceState], k_of: dict, batch: int) -> bool:
+    def _overlap_this_round(self, sequences: list[SequenceState], k_of: dict, batch: int, rate_of: dict) -> bool:
+        """`rate_of`: the round's acceptance estimates, of every sequence that may speculate."""
         speculating = [s for s in sequences if k_of[s] > 0]
         if not speculating or self.overlap.mode == "off":
             return False
@@ -439,7 +447,7 @@ class Coordinator:
         t_verify = costs.verify_cost(k) if costs else None
         concurrent = all(getattr(s.draft, "concurrent", True) and getattr(s.target, "concurrent", True)
                          for s in speculating)
-        rates = [self.policy.rate(s.acceptance, s.draft_variant) for s in speculating]
+        rates = [rate_of[s] for s in speculating]
         return self.overlap.decide(batch, k, rates, t_propose, t_verify, concurrent)
 
     def _guesses(self, sequence: SequenceState, k: int, overlap: bool) -> int:

@@ -30,9 +30,10 @@ drift, at the price of a round now and then.
 While k = 0 wins, a round now and then proposes one token to keep the acceptance estimate fresh: after
 `probe_interval` rounds at first, then twice as long after each probe that leaves k = 0 winning, up to
 MAX_PROBE_BACKOFF times longer (a draft that never agrees costs ever less). A probe asks whether the draft has
-changed since it was switched off, which older evidence cannot answer, so its verdicts count as PROBE_WEIGHT
-proposals in the variant's rate, and one that agreed brings the next probe back to `probe_interval`: a draft that
-starts agreeing is speculating again within a few probes.
+changed since it was switched off, which older evidence cannot answer, so the verdicts of the sequences it probes
+(those that follow the policy; a fixed-k request proposing beside it counts as in any round) count as PROBE_WEIGHT
+proposals, shared among them, in the variant's rate, and one that agreed brings the next probe back to
+`probe_interval`: a draft that starts agreeing is speculating again within a few probes.
 
 What a useless draft costs while attached is paid only when speculation is likely: `worth_drafting` tells the
 coordinator whether a new sequence should have its draft KV built (its draft variant's rate makes some k > 0 win at
@@ -65,15 +66,12 @@ FEWER_MARGIN = 0.02      # the fewest proposals predicted within this of the bes
 BASELINE_AFTER = 8       # rounds a bucket runs on a borrowed curve before it measures plain decoding itself
 
 
-class Estimate(float):
-    """An acceptance rate estimate; `upper` is OPTIMISM standard errors above it (as far as its evidence allows)."""
-
-    upper: float
-
-    def __new__(cls, value: float, evidence: float):
-        estimate = super().__new__(cls, value)
-        estimate.upper = min(1.0, value + OPTIMISM * (value * (1.0 - value) / evidence) ** 0.5)
-        return estimate
+def upper_rates(rates: list[float], evidence: list[float]) -> list[float]:
+    """OPTIMISM standard errors above each rate, as far as its evidence (proposals' worth) allows; a rate without
+    evidence (0: a sequence that does not follow the policy) stays as it is."""
+    r, e = np.asarray(rates, dtype=np.float64), np.asarray(evidence, dtype=np.float64)
+    spread = np.sqrt(np.divide(r * (1.0 - r), e, out=np.zeros_like(r), where=e > 0))
+    return np.minimum(r + OPTIMISM * spread, 1.0).tolist()
 
 
 @dataclass
@@ -83,9 +81,22 @@ class Acceptance:
     tested: float = 0.0
     accepted: float = 0.0
 
-    def rate(self, prior: float) -> Estimate:
-        evidence = self.tested + PRIOR_WEIGHT
-        return Estimate((self.accepted + PRIOR_WEIGHT * prior) / evidence, evidence)
+    @property
+    def evidence(self) -> float:
+        """Proposals' worth behind rate(): its own tested ones and the prior's."""
+        return self.tested + PRIOR_WEIGHT
+
+    def rate(self, prior: float) -> float:
+        return (self.accepted + PRIOR_WEIGHT * prior) / (self.tested + PRIOR_WEIGHT)
+
+
+@dataclass
+class Probe:
+    """A round chosen to probe a switched-off draft: its bucket, and how many proposals' worth each proposal tested
+    by a probed sequence (one that follows the policy) counts for in its variant's rate."""
+
+    costs: "BucketCosts"
+    weight: float
 
 
 @dataclass
@@ -172,13 +183,15 @@ class SpeculationPolicy:
         self.initial_rate = initial_rate
         self.variant_counts: dict[str, tuple[float, float]] = {}  # variant -> fading sums (tested, accepted)
         self.buckets: dict[int, BucketCosts] = {}
-        self._probing: BucketCosts | None = None  # the bucket whose round is a probe (its verdicts are being recorded)
-        self._probe_weight = PROBE_WEIGHT          # ... and the weight of each of its sequences' proposals
         self._predicted: dict[int, dict[int, float]] = {}  # bucket -> round_costs up to max_k, until a cost changes
 
     # ---- what the coordinator reports ----------------------------------------------------------------------
 
-    def record_acceptance(self, acceptance: Acceptance, variant: str, proposed: int, accepted: int) -> None:
+    def record_acceptance(self, acceptance: Acceptance, variant: str, proposed: int, accepted: int,
+                          probe: Probe | None = None) -> None:
+        """A round's verdict on a sequence's proposals; `probe`: the round's Probe (choose_round) where this sequence
+        was probed (it follows the policy), None otherwise (a fixed-k or seeded request proposing beside a probe
+        carries no more weight than in any other round)."""
         tested = accepted + (1 if accepted < proposed else 0)
         acceptance.tested += tested
         acceptance.accepted += accepted
@@ -186,13 +199,13 @@ class SpeculationPolicy:
             # Fading sums, not a running mean of each round's ratio: accepted / tested of one round is biased low
             # (a round ends at its first rejection), the sums' ratio is not. A probe's proposal stands for many: it
             # asks whether the draft has changed since it was switched off, which older evidence cannot answer.
-            weight = self._probe_weight if self._probing is not None else 1.0
+            weight = probe.weight if probe is not None else 1.0
             old_tested, old_accepted = self.variant_counts.get(variant, (1.0, self.initial_rate))
             keep = max(0.0, 1.0 - weight * tested / VARIANT_MEMORY)
             self.variant_counts[variant] = (keep * old_tested + weight * tested,
                                             keep * old_accepted + weight * accepted)
-            if accepted and self._probing is not None:
-                self._probing.probe_backoff = 1  # it agreed: ask again soon
+            if accepted and probe is not None:
+                probe.costs.probe_backoff = 1  # it agreed: ask again soon
 
     def record_costs(self, batch: int, k: int, propose_seconds: float, verify_seconds: float) -> None:
         costs = self.buckets.setdefault(bucket_of(batch), BucketCosts())
@@ -206,53 +219,58 @@ class SpeculationPolicy:
 
     # ---- the choice ---------------------------------------------------------------------------------------------
 
-    def rate(self, acceptance: Acceptance, variant: str) -> Estimate:
+    def rate(self, acceptance: Acceptance, variant: str) -> float:
         return acceptance.rate(self.variant_rate(variant))
 
     def variant_rate(self, variant: str) -> float:
         tested, accepted = self.variant_counts.get(variant, (1.0, self.initial_rate))
         return accepted / tested
 
-    def choose(self, rates: list[float], batch: int, limit: int) -> int:
-        """k for a round of `batch` decoding sequences; `rates`: each one's acceptance (0 for one that does not
-        speculate); at most `limit` (the configured k, the requests' own caps)."""
+    def choose(self, rates: list[float], batch: int, limit: int, evidence: list[float] | None = None) -> int:
+        """k for a round of `batch` decoding sequences (choose_round's k)."""
+        return self.choose_round(rates, batch, limit, evidence)[0]
+
+    def choose_round(self, rates: list[float], batch: int, limit: int,
+                     evidence: list[float] | None = None) -> tuple[int, Probe | None]:
+        """k for a round of `batch` decoding sequences, and the Probe when the round is one (for record_acceptance
+        of the sequences it probes); `rates`: each one's acceptance (0 for one that does not follow the policy);
+        `evidence`: the proposals' worth behind each rate (Acceptance.evidence; 0 for one that does not follow the
+        policy; None: every rate is known for sure); at most `limit` (the configured k, the requests' own caps)."""
         limit = min(limit, self.max_k)
-        self._probing = None
         if self.fixed:
-            return max(limit, 0)
+            return max(limit, 0), None
         bucket = bucket_of(batch)
         costs = self.buckets.setdefault(bucket, BucketCosts())
         costs.rounds += 1
         if limit <= 0 or not rates:
             costs.rounds_at_zero += 1  # nobody can speculate: a probe comes nearer (probe_due), taken when one can
-            return 0
+            return 0, None
         predicted = self._throughputs(bucket, rates, limit)
         if self._baseline_due(bucket, costs, predicted):
             costs.tried_at[0] = costs.rounds
-            return 0
+            return 0, None
         if len(predicted) == 1:  # nothing known of speculating: the cheapest way to learn
             costs.tried_at[1] = costs.rounds
-            return 1
+            return 1, None
         best = self._best(predicted, batch)
         for neighbour in (best + 1, best - 1):
             if (neighbour in predicted and self._uncertain(costs, neighbour)
                     and predicted[neighbour] >= (1.0 - self._explore_margin(costs, neighbour)) * predicted[best]):
                 costs.tried_at[neighbour] = costs.rounds
-                return neighbour
-        if best == 0 and any(getattr(r, "upper", r) > r for r in rates):
+                return neighbour, None
+        if best == 0 and evidence is not None:
             # Plain decoding wins on the estimates, but a sequence with little evidence may be better than it looks;
             # a round of one proposal tests it, until the evidence says it is not (or it is).
-            optimistic = self._throughputs(bucket, [getattr(r, "upper", r) for r in rates], limit)
-            if self._best(optimistic, batch) > 0:
-                return 1
+            upper = upper_rates(rates, evidence)
+            if upper != list(rates) and self._best(self._throughputs(bucket, upper, limit), batch) > 0:
+                return 1, None
         if best == 0:
-            if self._at_zero(costs):
-                self._probing = costs
-                self._probe_weight = PROBE_WEIGHT / max(1, sum(isinstance(r, Estimate) for r in rates))
-                return 1  # keep the acceptance estimate alive
+            if self._at_zero(costs):  # keep the acceptance estimate alive
+                probed = sum(e > 0 for e in evidence) if evidence is not None else len(rates)
+                return 1, Probe(costs, PROBE_WEIGHT / max(1, probed))
         else:
             costs.rounds_at_zero, costs.probe_backoff = 0, 1
-        return best
+        return best, None
 
     def worth_drafting(self, variant: str, batch: int) -> bool:
         """Whether a sequence of draft `variant` joining a batch of `batch` should have its draft KV built now:

@@ -4,11 +4,9 @@ CPUs differ: one row through a dense float32 matmul is fastest on one Xeon, oneD
 faster on an AMD EPYC of the same size. So "auto" on a float32 CPU model is decided by timing the candidate layouts
 (weight_formats.py) on the model's own matmul shapes and the row counts its role runs:
 - target: dense and packed float32 only (the target stays exact: its layouts differ in the last bits at most);
-  1 row per sequence when it decodes alone; when it verifies k proposals, 1 row (the rounds the speculation policy
-  runs without proposals: all of them for a draft that never helps), 2 (one proposal) and k+1. Where dense wins the
-  fewest rows and packed the most, each by MARGIN, the dual layout (both, twice the memory of the linear weights)
-  is taken when the memory is there: it runs each row count as fast as the faster of the two, whatever mix of them
-  the policy ends up running.
+  1 row per sequence when it decodes alone, k+1 when it verifies k proposals. "auto" never takes the dual layout
+  (both, twice the memory of the linear weights: weight_formats.py); it is asked for with `--target-weights dual`,
+  and a warning says so where the memory for its second copy looks short (room_for_dual).
 - draft: dense, packed, int8, and bf16 where the CPU multiplies bf16 natively; its precision never changes the
   output (the target verifies every token), only how fast it drafts and how much of it is accepted.
 
@@ -31,10 +29,11 @@ import torch
 from torch import nn
 
 from specsplit.kernels.dispatch import batch_invariant
-from specsplit.services.runtime import json_cache
-from specsplit.services.runtime.json_cache import read_cache
+from specsplit.services.runtime.json_cache import read_cache, write_cache
 from specsplit.services.runtime.machine import cpu_model
+from specsplit.services.runtime.machine import machine_key as runtime_machine_key
 from specsplit.services.models.weight_formats import (
+    DUAL_DENSE_ROWS,
     LINEAR_LAYOUTS,
     _int8_available,
     extra_bytes,
@@ -69,12 +68,11 @@ class LayoutChoice:
     seconds: float = 0.0  # what the measurement took (0 when read from the cache or not measured)
     source: str = "measured"  # measured | cached | requested | defaults | held
     default: str | None = None  # the role's default layout, kept when no other was MARGIN faster
-    dense_rows: int | None = None  # dual: dense for calls of up to this many rows, packed above
 
     def describe(self, model: str) -> str:
         """One line: what was chosen for what, and why."""
         rows = "+".join(f"{w:g}x{r}" if w != 1 else str(r) for r, w in sorted(self.rows.items()))
-        layout = self.layout + (f" (dense up to {self.dense_rows} rows, packed above)" if self.layout == "dual" else "")
+        layout = self.layout + (f" (dense up to {DUAL_DENSE_ROWS} rows, packed above)" if self.layout == "dual" else "")
         head = f"{model} ({self.role}, rows {rows}): {layout}"
         if not self.ms:
             return f"{head} ({self.source})"
@@ -110,13 +108,10 @@ def candidate_layouts(role: str) -> tuple[str, ...]:
 
 def role_rows(role: str, num_speculative_tokens: int, batch_sizes: tuple[int, ...] = (1,)) -> dict[int, float]:
     """The row counts a role's forwards run per round, for each batch size in use: a target decodes 1 row per
-    sequence alone; speculating, it runs whatever the speculation policy picks, from plain decoding (1 row) through
-    one proposal (2) to k+1, each counted once (which dominates depends on the draft); a draft proposes one row at a
-    time, k times a round."""
+    sequence alone and verifies k+1 when speculating; a draft proposes one row at a time, k times a round."""
     k = num_speculative_tokens
     if role == "target":
-        per_sequence = sorted({1, min(2, k + 1), k + 1})
-        return {b * r: 1.0 for b in batch_sizes for r in per_sequence}
+        return {b * (k + 1): 1.0 for b in batch_sizes}
     return {b: float(max(k, 1)) for b in batch_sizes}
 
 
@@ -131,6 +126,10 @@ def choose_layout(loaded, requested: str, role: str, rows: dict[int, float], tim
                   cache_file: Path | None = None) -> LayoutChoice:
     """The layout to use for `loaded` in `role`: `requested` if explicit, else measured (or read from the cache)."""
     if requested != "auto":
+        if requested == "dual" and not room_for_dual(loaded):
+            log.warning("%s: the dual layout's second copy (%.1f GB) leaves less than %g times its size free in this "
+                        "machine's or container's memory (--target-weights packed or dense hold one copy)",
+                        loaded.name, extra_bytes(loaded.model, "dual") / 1e9, DUAL_MEMORY_FACTOR)
         return LayoutChoice(requested, role, rows, source="requested")
     if loaded.weight_format != "dense":  # converted by its caller already: keep what it holds
         return LayoutChoice(loaded.weight_format, role, rows, source="held")
@@ -143,12 +142,8 @@ def choose_layout(loaded, requested: str, role: str, rows: dict[int, float], tim
     cache_file = cache_file or default_cache_file()
     key = cache_key(loaded, role, rows)
     cached = None if os.environ.get(LAYOUTS_ENV) == "recalibrate" else read_cache(cache_file).get(key)
-    if cached is not None and cached.get("layout") in (*candidates, "dual"):
-        choice = LayoutChoice(cached["layout"], role, rows, cached.get("ms", {}), 0.0, "cached",
-                              dense_rows=cached.get("dense_rows"))
-        if choice.layout == "dual" and not room_for_dual(loaded):
-            choice = LayoutChoice(pick_single(choice.ms, default_layout(role, rows)), role, rows, choice.ms, 0.0,
-                                  "cached; dual wanted twice the memory")
+    if cached is not None and cached.get("layout") in candidates:
+        choice = LayoutChoice(cached["layout"], role, rows, cached.get("ms", {}), 0.0, "cached")
         log.info("layout %s", choice.describe(loaded.name))
         return choice
     started = time.perf_counter()
@@ -159,70 +154,55 @@ def choose_layout(loaded, requested: str, role: str, rows: dict[int, float], tim
         for layout, seconds in timer(candidates, r).items():
             ms[layout] += 1000 * weight * seconds
             per_rows[layout][r] = seconds
-    dense_rows = dual_split(per_rows) if role == "target" else None
-    if dense_rows is not None:
-        ms["dual"] = sum(1000 * w * min(per_rows["dense"][r], per_rows["packed"][r]) for r, w in rows.items())
-    default = default_layout(role, rows)
-    wanted = pick_with_dual(ms, default, per_rows, dense_rows)
-    layout, source = wanted, "measured"
-    if layout == "dual" and not room_for_dual(loaded):
-        layout, source = pick_single(ms, default), "measured; dual wanted twice the memory"
-    choice = LayoutChoice(layout, role, rows, ms, time.perf_counter() - started, source,
-                          dense_rows=dense_rows if layout == "dual" else None)
+    choice = LayoutChoice(pick(ms, default_layout(role, rows)), role, rows, ms, time.perf_counter() - started,
+                          "measured")
     per_rows_ms = {name: {str(r): 1000 * t for r, t in by.items()} for name, by in per_rows.items()}
-    write_cache(cache_file, key, {"layout": wanted, "ms": ms, "seconds": choice.seconds,
+    write_cache(cache_file, key, {"layout": choice.layout, "ms": ms, "seconds": choice.seconds,
                                   "model": loaded.name, "role": role, "rows": {str(r): w for r, w in rows.items()},
-                                  "dense_rows": dense_rows, "ms_per_rows": per_rows_ms,
-                                  **machine_key(), "load_avg_1m": os.getloadavg()[0],
-                                  "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+                                  "ms_per_rows": per_rows_ms, **machine_key(), "load_avg_1m": os.getloadavg()[0],
+                                  "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, quiet=True)
     log.warning("layout %s", choice.describe(loaded.name))
     return choice
-
-
-def dual_split(per_rows: dict[str, dict[int, float]]) -> int | None:
-    """The dual layout's split when dense is faster at every measured row count up to some count and packed at every
-    one above it: that count; None when one layout wins everywhere (or the two alternate)."""
-    if "dense" not in per_rows or "packed" not in per_rows or len(per_rows["dense"]) < 2:
-        return None
-    counts = sorted(per_rows["dense"])
-    dense_wins = [per_rows["dense"][r] <= per_rows["packed"][r] for r in counts]
-    split = sum(dense_wins)
-    if split in (0, len(counts)) or dense_wins != [True] * split + [False] * (len(counts) - split):
-        return None
-    return counts[split - 1]
 
 
 DUAL_MEMORY_FACTOR = 4.0  # memory free for the dual layout's copies, as a multiple of what they take
 
 
 def room_for_dual(loaded) -> bool:
-    """Whether the machine has room for the dual layout's packed copies: free memory of four times their size.
-    The copies double the target's linear weights (6 GB more for a float32 1.5B) for a few percent of speed, and the
-    process is rarely alone (`serve` starts the draft beside it): on a 24 GB machine serving the real pair they would
-    take the memory to within a few GB of its end, so there the target keeps one layout."""
+    """Whether there is room for the dual layout's packed copies: free memory of four times their size, the free
+    memory being the machine's (MemAvailable) or, in a container with a memory limit, what its cgroup has left if
+    less. The copies double the target's linear weights (6 GB more for a float32 1.5B), and the process is rarely
+    alone (`serve` starts the draft beside it)."""
     try:
         meminfo = Path("/proc/meminfo").read_text().split("\n")
         available = next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
     except (OSError, StopIteration, ValueError, IndexError):
         return False
+    left = cgroup_memory_left()
+    if left is not None:
+        available = min(available, left)
     return available > DUAL_MEMORY_FACTOR * extra_bytes(loaded.model, "dual")
 
 
-def pick_single(ms: dict[str, float], default: str) -> str:
-    return pick({layout: v for layout, v in ms.items() if layout != "dual"}, default)
-
-
-def pick_with_dual(ms: dict[str, float], default: str, per_rows: dict[str, dict[int, float]],
-                   dense_rows: int | None) -> str:
-    """dual where dense wins the fewest rows and packed the most, each by MARGIN: it then runs every row count the
-    role meets as fast as the faster of the two, which neither does alone, whatever mix of them the speculation
-    policy ends up running (all one-row steps for a draft that never helps); else the best single layout."""
-    if dense_rows is not None:
-        dense, packed = per_rows["dense"], per_rows["packed"]
-        fewest, most = min(dense), max(dense)
-        if dense[fewest] <= (1 - MARGIN) * packed[fewest] and packed[most] <= (1 - MARGIN) * dense[most]:
-            return "dual"
-    return pick_single(ms, default)
+def cgroup_memory_left(root: Path = Path("/sys/fs/cgroup"), own: Path = Path("/proc/self/cgroup")) -> int | None:
+    """Bytes this process's cgroup may still use under its memory limit (cgroup v2 memory.max - memory.current, else
+    v1 memory.limit_in_bytes - memory.usage_in_bytes); None without a limit or where neither can be read."""
+    try:  # v2: "0::/path" (a container with its own cgroup namespace sees "0::/", its limit at the root)
+        v2 = next(line[3:].strip().lstrip("/") for line in own.read_text().splitlines() if line.startswith("0::"))
+    except (OSError, StopIteration):
+        v2 = ""
+    for limit_file, usage_file in ((f"{v2}/memory.max".lstrip("/"), f"{v2}/memory.current".lstrip("/")),
+                                   ("memory.max", "memory.current"),
+                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        try:
+            limit = (root / limit_file).read_text().strip()
+            usage = int((root / usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if not limit.isdigit() or int(limit) >= 1 << 60:  # "max" (v2) or v1's huge number: no limit
+            return None
+        return max(int(limit) - usage, 0)
+    return None
 
 
 def pick(ms: dict[str, float], default: str) -> str:
@@ -237,7 +217,7 @@ def use_calibrated_layout(loaded, requested: str, role: str, rows: dict[int, flo
                           cache_file: Path | None = None) -> LayoutChoice:
     """Choose the layout (choose_layout) and convert `loaded` to it once."""
     choice = choose_layout(loaded, requested, role, rows, timer, cache_file)
-    choice.layout = use_weight_format(loaded, choice.layout, role, choice.dense_rows)
+    choice.layout = use_weight_format(loaded, choice.layout, role)
     return choice
 
 
@@ -294,7 +274,7 @@ class MatmulTimer:
 
 
 def machine_key() -> dict:
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__}
+    return runtime_machine_key(threads=torch.get_num_threads())
 
 
 def model_fingerprint(loaded) -> str:
@@ -312,13 +292,6 @@ def default_cache_file() -> Path:
     from specsplit.services.models.prepare import models_root
 
     return models_root() / CACHE_FILE
-
-
-def write_cache(path: Path, key: str, entry: dict) -> None:
-    try:
-        json_cache.write_cache(path, key, entry)
-    except OSError as error:  # a read-only cache measures again next start, nothing worse
-        log.warning("could not cache the layout choice in %s: %s", path, error)
 
 
 def cached_choices_for_this_machine(path: Path | None = None) -> list[dict]:

@@ -11,10 +11,12 @@
   verified against the target's own distribution. The draft's default on the CPU.
 - bf16: weights held in bfloat16 and activations cast to it per call, float32 out. Drafts only, for the same reason
   as int8; fast only where the CPU multiplies bf16 natively (avx512_bf16, AMX), so calibration offers it there only.
-- dual: both float32 layouts of every weight, twice the memory: dense for calls of up to `dense_rows` rows, packed
-  above. For a speculating target on a CPU where dense is fastest for one row and packed for a verification: its
-  one-row steps (every round while the speculation policy finds the draft does not pay) run as fast as the target
-  alone's, its verifications as fast as packed ones. The same float32 arithmetic as the layout each call uses.
+- dual: both float32 layouts of every weight, twice the memory: dense for calls of up to DUAL_DENSE_ROWS rows,
+  packed above. For a speculating target on a CPU where dense is fastest for one row and packed for a verification:
+  its one-row steps (every round while the speculation policy finds the draft does not pay) run as fast as the
+  target alone's, its verifications as fast as packed ones. The same float32 arithmetic as the layout each call
+  uses. Only when asked for (`--target-weights dual`): "auto" never takes it (its gain was measured once, on a
+  loaded machine, and the second copy is 6 GB for a float32 1.5B target).
 
 "auto" picks the defaults above for float32 on the CPU and dense everywhere else; the services and the in-process
 engine resolve "auto" by measurement instead (layout_calibration.py), falling back to these defaults.
@@ -24,7 +26,6 @@ dense weight, where oneDNN's packed GEMM blocks by the row count and int8 quanti
 row's result would depend on the others'). "auto" is then dense, and the other formats are refused.
 """
 
-import functools
 import os
 import warnings
 
@@ -43,7 +44,7 @@ DRAFT_ONLY_FORMATS = ("int8", "bf16")
 # count; one row is ~20% slower than with hint 1 (and dense is faster still there).
 PACKED_ROWS_HINT = 5
 
-# The dual layout's split when none was measured: dense up to this many rows (on the developer CPU dense is faster
+# The dual layout's split: dense up to this many rows (on the developer CPU dense is faster
 # at 1 and 2 rows, packed from about 4; bench/results/cpu_weight_formats_matrix.json).
 DUAL_DENSE_ROWS = 2
 
@@ -96,26 +97,23 @@ def resolve_weight_format(requested: str, role: str, device: torch.device, dtype
     return requested
 
 
-def use_weight_format(loaded, requested: str, role: str, dense_rows: int | None = None) -> str:
-    """Resolve `requested` for this model and role and convert its layers once; returns the format in use.
-    `dense_rows`: the dual layout's split (None: DUAL_DENSE_ROWS)."""
+def use_weight_format(loaded, requested: str, role: str) -> str:
+    """Resolve `requested` for this model and role and convert its layers once; returns the format in use."""
     param = next(loaded.model.parameters())
     chosen = resolve_weight_format(requested, role, param.device, param.dtype)
     if chosen != loaded.weight_format:
         if loaded.weight_format != "dense":
             raise InvalidArgument(f"{loaded.name} already holds {loaded.weight_format} weights, cannot switch to {chosen}")
-        apply_weight_format(loaded.model, chosen, dense_rows)
+        apply_weight_format(loaded.model, chosen)
         loaded.weight_format = chosen
     return chosen
 
 
-def apply_weight_format(model: nn.Module, weight_format: str, dense_rows: int | None = None) -> None:
+def apply_weight_format(model: nn.Module, weight_format: str) -> None:
     """Replace every nn.Linear under `model` (in place) with the format's version; dense leaves it as it is."""
     if weight_format == "dense":
         return
     convert = LINEAR_LAYOUTS[weight_format]
-    if weight_format == "dual":
-        convert = functools.partial(DualLinear, dense_rows=dense_rows or DUAL_DENSE_ROWS)
     with torch.no_grad(), warnings.catch_warnings():
         # torch marks its quantized-tensor constructors as deprecated; they are still the int8 path it ships.
         warnings.simplefilter("ignore")

@@ -5,19 +5,12 @@ core while it works; the coordinator only moves messages and samples small tenso
 more would only compete with the worker that is busy. Measured with bench/bench_cpu_baselines.py.
 """
 
-import os
-
 import torch
+
+from specsplit.services.runtime.machine import available_cores
 
 # 0 = this role's default
 DEFAULT_THREADS = {"coordinator": 1}
-
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def threads_for(role: str, requested: int = 0) -> int:

@@ -43,8 +43,9 @@ def test_thread_defaults_and_bad_counts():
 
 
 @pytest.mark.parametrize("given, expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
-def test_the_specsplit_command_makes_openmp_threads_wait_passively_unless_told(given, expected):
-    """Set before torch loads OpenMP (libgomp reads it once): checked in a fresh interpreter."""
+def test_openmp_threads_wait_passively_in_a_process_that_computes_nothing_unless_told(given, expected):
+    """Set before torch loads OpenMP (libgomp reads it once): checked in a fresh interpreter, whose empty command line
+    is a process that computes nothing (commands that do: tests/services/test_cpu_wait_policy.py)."""
     import os
     import sys
 

@@ -48,9 +48,55 @@ def test_set_by_hand_or_by_the_parent_is_kept(cache):
 
 
 @pytest.mark.parametrize("argv", [["coordinator", "--target", "x"], ["generate", "--server", "h:1"], ["models", "list"],
-                                  []])
+                                  [], ["bench", "serve", "--url", "http://h:1"]])
 def test_processes_that_compute_little_wait_passively_without_measuring(argv, cache):
     assert decide(argv, {}, QUIET, never, cache).policy == "passive"
+
+
+@pytest.mark.parametrize("argv, layout", [
+    (["--log-level", "DEBUG", "serve", "--target", "t"], "turns"),  # a global option's value is not the command
+    (["--log-level=DEBUG", "generate", "--local", "--target", "t"], "one"),
+    (["serve", "--draft", "none"], "one"), (["serve", "--proposer=ngram"], "one"),  # only the target computes
+    (["serve", "--device", "cuda"], None), (["generate", "--local", "--device=cuda:0"], None),
+    (["bench", "latency"], "one"), (["bench", "throughput", "--device", "cpu"], "one"), (["bench", "serve"], None),
+    (["target", "--model", "m"], None), (["draft", "--model", "m"], None),  # lone workers: partner unknown
+    (["generate", "--server", "h:1", "--prompt", "serve"], None),
+])
+def test_the_layout_is_read_from_the_subcommand_and_known_only_where_the_command_runs_every_computing_process(
+        argv, layout):
+    assert wait.layout_of(argv) == layout
+
+
+def test_lone_workers_and_other_devices_wait_passively_unless_told(cache):
+    """A lone worker may take turns with a partner on the same cores (its default must not depend on which of the two
+    started first), and a GPU worker has nothing to gain from timing a CPU workload at every start."""
+    for argv in (["target", "--model", "m"], ["draft", "--model", "m"]):
+        choice = decide(argv, {}, QUIET, never, cache)
+        assert choice.settings == {"OMP_WAIT_POLICY": "PASSIVE"} and "lone" in choice.reason
+    on_gpu = decide(["target", "--model", "m", "--device", "cuda"], {}, QUIET, never, cache)
+    assert on_gpu.policy == "passive" and on_gpu.reason == "computes on cuda"
+    assert decide(["serve", "--device", "cuda:0"], {}, QUIET, never, cache).policy == "passive"
+    assert decide(["target", "--model", "m"], {WAIT_ENV: "active"}, QUIET, never, cache).policy == "active"
+    assert not cache.exists()
+
+
+def test_serve_hands_its_choice_to_its_workers_after_global_options_and_without_a_draft():
+    for argv in (["--log-level", "DEBUG", "serve", "--target", "t"], ["serve", "--draft", "none"]):
+        env = {WAIT_ENV: "spin:500"}
+        wait.choose_for_command(argv, env)
+        assert env[CHOSEN_ENV] == "spin:500" and env["GOMP_SPINCOUNT"] == "500"
+    env = {WAIT_ENV: "spin:500"}
+    wait.choose_for_command(["--log-level", "DEBUG", "generate", "--local"], env)
+    assert CHOSEN_ENV not in env
+
+
+def test_the_subcommands_known_before_torch_loads_are_the_parsers():
+    import argparse
+
+    from specsplit.cli import build_parser
+
+    subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(wait.COMMANDS) == set(subparsers.choices)
 
 
 def test_a_busy_machine_waits_passively_and_nothing_is_measured_or_cached(cache):
@@ -64,7 +110,7 @@ def test_a_quiet_machine_measures_once_per_layout_and_takes_the_least_spinning_o
     first = decide(["generate", "--local"], {}, QUIET, measure, cache)
     assert first.policy == "spin:10000" and first.settings == {"GOMP_SPINCOUNT": "10000"}  # within 5% of active
     assert "passive 130.0 ms" in first.reason
-    again = decide(["draft", "--model", "m"], {}, QUIET, never, cache)  # the same layout: read from the cache
+    again = decide(["bench", "latency", "--target", "t"], {}, QUIET, never, cache)  # the same layout: the cache
     assert again.policy == "spin:10000" and "cached" in again.reason
     turns = Measure({"passive": 0.20, "spin:10000": 0.25, "spin:100000": 0.30, "active": 0.9})
     assert decide(["serve"], {}, QUIET, turns, cache).policy == "passive"  # two processes: measured on their own
@@ -109,3 +155,25 @@ def test_the_probe_workload_runs_in_two_processes_taking_turns():
     out = subprocess.run([sys.executable, "-m", "specsplit.services.runtime.wait_probe", "--layout", "turns",
                           "--steps", "2"], env=env, capture_output=True, text=True, timeout=120, check=True)
     assert 0 < float(out.stdout.strip()) < 10
+
+
+def test_the_load_look_counts_only_the_cores_this_process_may_run_on(tmp_path, monkeypatch):
+    """A process pinned to some cores of a large machine: the other cores' load is not its business."""
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  30 0 0 70 0 0 0 0 0 0\ncpu0 10 0 0 0 0 0 0 0 0 0\ncpu1 20 0 0 0 0 0 0 0 0 0\n"
+                    "cpu2 0 0 0 70 0 0 0 0 0 0\nintr 1\n")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2})
+    assert wait._cpu_times(str(stat)) == [0, 0, 0, 70, 0, 0, 0, 0]
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert wait._cpu_times(str(stat)) == [30, 0, 0, 0, 0, 0, 0, 0]
+    assert wait.machine_key()["cores"] == 2
+
+
+def test_the_cache_lives_with_the_models_cache_and_a_read_only_one_is_no_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECSPLIT_CACHE", str(tmp_path / "c"))
+    assert wait.default_cache_file() == tmp_path / "c" / wait.CACHE_FILE
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    measure = Measure({"passive": 0.2, "active": 0.1})
+    choice = decide(["generate", "--local"], {}, QUIET, measure, blocked / "cpu_wait.json")  # its folder is a file
+    assert choice.policy == "active" and measure.layouts == ["one"]

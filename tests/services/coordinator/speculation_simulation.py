@@ -112,7 +112,8 @@ def simulate(policy: SpeculationPolicy, model: CostModel, alpha: float, batch: i
             attached = {id(s) for s in live if s.attached and s not in attach}
             limits = {id(s): min(policy.max_k, s.left - 1) if id(s) in attached else 0 for s in live}
             rates = [policy.rate(s.acceptance, variant) if limits[id(s)] > 0 else 0.0 for s in live]
-            k = policy.choose(rates, n, max(limits.values()))
+            evidence = [s.acceptance.evidence if limits[id(s)] > 0 else 0.0 for s in live]
+            k, probe = policy.choose_round(rates, n, max(limits.values()), evidence)
             ks = {id(s): min(k, limits[id(s)]) for s in live}
             proposing = any(ks.values())
             propose = model.propose(n, k) if proposing else 0.0
@@ -126,7 +127,7 @@ def simulate(policy: SpeculationPolicy, model: CostModel, alpha: float, batch: i
                 while accepted < proposed and s.coins[s.position + accepted] < alpha:
                     accepted += 1
                 if proposed:
-                    policy.record_acceptance(s.acceptance, variant, proposed, accepted)
+                    policy.record_acceptance(s.acceptance, variant, proposed, accepted, probe)
                 emitted = min(accepted + 1, s.left)
                 s.left -= emitted
                 s.position += emitted

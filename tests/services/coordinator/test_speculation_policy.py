@@ -97,8 +97,8 @@ def test_a_sequence_with_little_evidence_is_tested_before_speculation_stops():
     policy.variant_counts["x"] = (1.0, low)  # a new variant whose first proposals were as low
     unsure, sure = Acceptance(tested=4.0, accepted=4.0 * low), Acceptance(tested=400.0, accepted=400.0 * low)
     assert policy.rate(unsure, "x") < break_even and policy.rate(sure, "x") < break_even
-    assert policy.choose([policy.rate(unsure, "x")], 1, 4) == 1
-    assert policy.choose([policy.rate(sure, "x")], 1, 4) == 0
+    assert policy.choose([policy.rate(unsure, "x")], 1, 4, [unsure.evidence]) == 1
+    assert policy.choose([policy.rate(sure, "x")], 1, 4, [sure.evidence]) == 0
 
 
 def test_a_useless_draft_is_switched_off_but_probed():
@@ -192,10 +192,10 @@ def test_a_switched_off_draft_that_starts_agreeing_speculates_again_within_a_few
         for _ in range(n):
             own = Acceptance()
             for _ in range(50):
-                k = policy.choose([policy.rate(own, "d")], 1, 8)
+                k, probe = policy.choose_round([policy.rate(own, "d")], 1, 8, [own.evidence])
                 picks.append(k)
                 if k:
-                    policy.record_acceptance(own, "d", k, k if agrees else 0)
+                    policy.record_acceptance(own, "d", k, k if agrees else 0, probe)
                 policy.record_costs(1, k, cost(k) - cost(0) if k else 0.0, cost(0) + 0.0005 * k)
         return picks
 
@@ -206,6 +206,26 @@ def test_a_switched_off_draft_that_starts_agreeing_speculates_again_within_a_few
     first = next(i for i, k in enumerate(picks) if k > 1)
     assert first < 8 * MAX_PROBE_BACKOFF + 30, picks  # the next probe agreed, and a few rounds later
     assert picks[-20:].count(0) == 0 and policy.worth_drafting("d", 1)
+
+
+def test_a_probe_round_weights_only_the_sequences_it_probes():
+    """A fixed-k request proposing beside a probe (its proposals all accepted) counts as in any round; the probed
+    sequence's rejection counts as the probe's weight: a switched-off draft stays off."""
+    policy = SpeculationPolicy(8, probe_interval=4)
+    measured(policy, decode=0.010, verify=0.011, propose_per_k=0.002)
+    policy.variant_counts["d"] = (256.0, 2.0)  # a draft that has not agreed for a long while
+    probed, fixed = Acceptance(tested=100.0, accepted=1.0), Acceptance()
+    rounds = [policy.choose_round([policy.rate(probed, "d"), 0.0], 2, 4, [probed.evidence, 0.0]) for _ in range(12)]
+    k, probe = next((k, probe) for k, probe in rounds if probe is not None)
+    assert k == 1 and probe.weight == 32.0  # one sequence probed: the whole weight is its
+    assert all(probe is None for k, probe in rounds if k == 0)
+    policy.record_acceptance(probed, "d", 1, 0, probe)
+    policy.record_acceptance(fixed, "d", 4, 4, None)  # the fixed-k request: not probed
+    assert policy.variant_rate("d") < 0.03
+    assert not policy.worth_drafting("d", 2)
+    # Two probed sequences share the weight.
+    two = [policy.choose_round([0.01, 0.01, 0.0], 3, 4, [50.0, 50.0, 0.0]) for _ in range(40)]
+    assert {probe.weight for _, probe in two if probe is not None} == {16.0}
 
 
 def test_a_plain_round_measured_with_interference_does_not_make_a_useless_draft_look_worth_it():
@@ -219,3 +239,28 @@ def test_a_plain_round_measured_with_interference_does_not_make_a_useless_draft_
     policy.variant_counts["d"] = (50.0, 0.5)
     picks = [policy.choose([policy.rate(useless, "d")], 1, 4) for _ in range(20)]
     assert picks.count(0) >= 19
+
+
+def test_a_probe_attaches_the_sequence_with_the_most_tokens_left_and_only_one(tiny_pair):
+    """No draft worth its KV at this batch size and a probe due: one sequence gets its draft, the one with the most
+    tokens to speculate with (a draft prefill for a sequence about to finish would buy nothing)."""
+    from specsplit.services.coordinator.generation import GenerationRequest
+
+    engine = LocalEngine(tiny_pair["target"], tiny_pair["unrelated"], num_speculative_tokens=4, dtype="float64")
+    coordinator, policy = engine.coordinator, engine.coordinator.policy
+    measured(policy, batch=3, decode=0.010, verify=0.011, propose_per_k=0.002)
+    for pool in coordinator.drafts:
+        policy.variant_counts[pool.name] = (256.0, 1.0)  # a draft that never agrees
+    tok = byte_tokenizer()
+
+    async def main():
+        sequences = [coordinator.submit(GenerationRequest(tok.encode(f"prompt {i}"), SamplingParams(max_tokens=n)))
+                     for i, n in enumerate((3, 40, 12))]  # nothing awaited: the loop has not taken them yet
+        assert not policy.worth_drafting(coordinator.drafts[0].name, 3)
+        assert coordinator._drafts_to_attach(sequences) == []  # no probe due: nobody
+        policy.buckets[bucket_of(3)].rounds_at_zero = 1 << 20
+        assert coordinator._drafts_to_attach(sequences) == [sequences[1]]  # due: the one with 40 tokens to go
+        await coordinator.wait_idle()
+        await engine.close()
+
+    asyncio.run(main())

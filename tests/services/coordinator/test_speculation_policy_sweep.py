@@ -6,8 +6,8 @@ where that is faster), and with a draft that never agrees it stays within 2% of 
 
 Why not 0.97, the benchmark's goal: a batch of requests that start and end together takes as long as its slowest
 sequence, which favours fewer proposals than the most tokens per round would (a round of more proposals varies more
-in what it yields); an oracle that knows the true acceptance and costs and picks the k with the most tokens per
-second gets 0.98-0.99 of the best fixed k on this workload. Deterministic: seeded coins and interference."""
+in what it yields), so a per-round choice can fall a little short of the best fixed k even with true acceptance and
+costs (how far is not simulated). Deterministic: seeded coins and interference."""
 
 import pytest
 

@@ -13,7 +13,6 @@ from specsplit.services.models.layout_calibration import (
     MatmulTimer,
     candidate_layouts,
     choose_layout,
-    dual_split,
     read_cache,
     role_rows,
     use_calibrated_layout,
@@ -49,30 +48,46 @@ class ScriptedTimer:
 
 def test_the_fastest_candidate_for_the_roles_rows_wins(float32_model, tmp_path):
     loaded = load_model(str(float32_model))
-    # packed wins at every row count a verifying target runs, dense (by less than the margin) at one row.
-    timer = ScriptedTimer({"dense": {1: 0.010, 2: 0.020, 5: 0.030}, "packed": {1: 0.0105, 2: 0.011, 5: 0.014}})
+    # dense wins at 1 row, packed at 5: a target-only target and a verifying one choose differently.
+    timer = ScriptedTimer({"dense": {1: 0.010, 5: 0.030}, "packed": {1: 0.012, 5: 0.014}})
     alone = choose_layout(loaded, "auto", "target", role_rows("target", 0), timer, tmp_path / "a.json")
     verifying = choose_layout(loaded, "auto", "target", role_rows("target", 4), timer, tmp_path / "a.json")
     assert (alone.layout, verifying.layout) == ("dense", "packed")
-    assert timer.calls == [(("dense", "packed"), 1)] + [(("dense", "packed"), r) for r in (1, 2, 5)]
-    # dual (dense at 1 row, packed above) is offered, but dense wins its row by 5% only: within the margin, packed
-    assert verifying.ms == pytest.approx({"dense": 60.0, "packed": 35.5, "dual": 35.0})
-    assert "packed" in verifying.describe("m") and "dense 60.0 ms" in verifying.describe("m")
+    assert timer.calls == [(("dense", "packed"), 1), (("dense", "packed"), 5)]
+    assert verifying.ms == pytest.approx({"dense": 30.0, "packed": 14.0})  # dual is never offered by auto
+    assert "packed" in verifying.describe("m") and "dense 30.0 ms" in verifying.describe("m")
 
 
-def test_a_speculating_target_holds_both_layouts_where_each_wins_its_rows(float32_model, tmp_path, monkeypatch):
-    """Dense fastest at 1 and 2 rows, packed at 5 (this Xeon's real target): the dual layout runs one-row steps (a
-    draft that never helps) at dense speed and verifications at packed speed, where the memory is there."""
+def test_the_dual_layout_is_taken_only_when_asked_for_and_warns_where_memory_looks_short(float32_model, monkeypatch,
+                                                                                         caplog):
     loaded = load_model(str(float32_model))
-    timer = ScriptedTimer({"dense": {1: 0.0355, 2: 0.0438, 5: 0.090}, "packed": {1: 0.0534, 2: 0.0557, 5: 0.0538}})
-    choice = choose_layout(loaded, "auto", "target", role_rows("target", 4), timer, tmp_path / "d.json")
-    assert (choice.layout, choice.dense_rows) == ("dual", 2)
-    assert choice.ms["dual"] == pytest.approx(35.5 + 43.8 + 53.8)
-    assert "dense up to 2 rows" in choice.describe("m")
-    # Too little memory for the second copy: the best single layout, from the cache too.
+    monkeypatch.setattr(layout_calibration, "room_for_dual", lambda loaded: True)
+    choice = choose_layout(loaded, "dual", "target", role_rows("target", 4))
+    assert (choice.layout, choice.source) == ("dual", "requested") and "dense up to 2 rows" in choice.describe("m")
+    assert not caplog.records
     monkeypatch.setattr(layout_calibration, "room_for_dual", lambda loaded: False)
-    for cache in (tmp_path / "d.json", tmp_path / "fresh.json"):
-        assert choose_layout(loaded, "auto", "target", role_rows("target", 4), timer, cache).layout == "packed"
+    assert choose_layout(loaded, "dual", "target", role_rows("target", 4)).layout == "dual"  # asked for: kept
+    assert "dual layout's second copy" in caplog.text
+
+
+def test_the_free_memory_for_dual_is_the_containers_where_it_has_a_limit(tmp_path):
+    v2, v1, none = tmp_path / "v2", tmp_path / "v1", tmp_path / "none"
+    (v2 / "pod").mkdir(parents=True)
+    (v2 / "pod" / "memory.max").write_text("17179869184\n")
+    (v2 / "pod" / "memory.current").write_text("4294967296\n")
+    own = tmp_path / "cgroup"
+    own.write_text("0::/pod\n")
+    assert layout_calibration.cgroup_memory_left(v2, own) == 12 * 1024 ** 3
+    (v2 / "pod" / "memory.max").write_text("max\n")
+    assert layout_calibration.cgroup_memory_left(v2, own) is None
+    (v1 / "memory").mkdir(parents=True)
+    (v1 / "memory" / "memory.limit_in_bytes").write_text(str(8 * 1024 ** 3))
+    (v1 / "memory" / "memory.usage_in_bytes").write_text(str(9 * 1024 ** 3))
+    assert layout_calibration.cgroup_memory_left(v1, tmp_path / "absent") == 0
+    (v1 / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712")  # v1's "no limit"
+    assert layout_calibration.cgroup_memory_left(v1, tmp_path / "absent") is None
+    none.mkdir()
+    assert layout_calibration.cgroup_memory_left(none, tmp_path / "absent") is None
 
 
 def test_the_dual_layout_splits_rows_between_its_copies(float32_model):
@@ -87,13 +102,6 @@ def test_the_dual_layout_splits_rows_between_its_copies(float32_model):
             torch.testing.assert_close(dual(x), linear(x), rtol=1e-5, atol=1e-5)
     assert seen == ["packed", "packed"]  # 3 and 5 rows; 1 and 2 ran dense
     assert dual.weight.data_ptr() == linear.weight.data_ptr()  # the dense copy is the model's own
-
-
-def test_dual_split_needs_dense_below_and_packed_above():
-    assert dual_split({"dense": {1: 1.0, 2: 2.0, 5: 5.0}, "packed": {1: 2.0, 2: 2.5, 5: 3.0}}) == 2
-    assert dual_split({"dense": {1: 1.0, 2: 3.0, 5: 5.0}, "packed": {1: 2.0, 2: 2.5, 5: 3.0}}) == 1
-    assert dual_split({"dense": {1: 3.0, 2: 3.0, 5: 5.0}, "packed": {1: 2.0, 2: 2.5, 5: 3.0}}) is None  # packed
-    assert dual_split({"dense": {1: 1.0, 2: 3.0, 5: 2.0}, "packed": {1: 2.0, 2: 2.5, 5: 3.0}}) is None  # alternates
 
 
 def test_weights_of_row_counts_add_up(float32_model, tmp_path):
@@ -200,14 +208,14 @@ def test_the_matmul_timer_times_converted_copies_and_leaves_the_model_dense(floa
 
 def test_the_engine_reports_its_choices_and_models_list_shows_them(float32_model, monkeypatch, capsys):
     engine = LocalEngine(str(float32_model), str(float32_model), num_speculative_tokens=3)
-    assert engine.layouts["target"].rows == {1: 1.0, 2: 1.0, 4: 1.0} and engine.layouts["draft"].rows == {1: 3.0}
-    assert engine.layouts["target"].layout in ("dense", "packed", "dual")
+    assert engine.layouts["target"].rows == {4: 1.0} and engine.layouts["draft"].rows == {1: 3.0}
+    assert engine.layouts["target"].layout in ("dense", "packed")
     assert engine.target.weight_format == engine.layouts["target"].layout
     assert commands.main(["list"]) == 0
     out = capsys.readouterr().out
     listed = [line for line in out.splitlines() if line.startswith("  model ")]
     assert len(listed) == 2, out
-    assert any("target (rows 1+2+4, " in line and f": {engine.layouts['target'].layout}" in line for line in listed)
+    assert any("target (rows 4, " in line and f": {engine.layouts['target'].layout}" in line for line in listed)
     assert any("draft (rows 3x1, " in line and f": {engine.layouts['draft'].layout}  [" in line for line in listed)
 
 

@@ -9,6 +9,7 @@ from specsplit.services.errors import InvalidArgument
 from specsplit.services.local_engine import LocalEngine
 from specsplit.services.models.loader import load_model
 from specsplit.services.models.weight_formats import (
+    DualLinear,
     Int8DynamicLinear,
     PackedLinear,
     resolve_weight_format,
@@ -131,6 +132,38 @@ def test_int8_draft_never_changes_greedy_output(float32_pair):
         assert [r.token_ids for r in results] == expected, draft_weights
         assert sum(r.stats.accepted_tokens for r in results) > 0  # the draft was used, not bypassed
         assert engine.kv_blocks_used() == {"target": 0, "draft": 0}
+
+
+def test_a_dual_layout_target_gives_the_target_alones_greedy_output(float32_pair, tmp_path):
+    """A speculating target in the dual layout computes one sequence's tokens with both of its copies (one-row rounds
+    dense, verifications and prefills packed): its greedy output is the dense target's alone. An unrelated draft, so
+    that the policy runs plain one-row rounds, and requests of a fixed k = 4, so that verifications run packed."""
+    target = str(float32_pair[0])
+    unrelated = save_model(build_model("qwen2", seed=11), tmp_path / "unrelated")
+    tok = byte_tokenizer()
+    target_only = LocalEngine(target, None, num_speculative_tokens=0, target_weights="dense")
+    dual = LocalEngine(target, str(unrelated), num_speculative_tokens=4, target_weights="dual")
+    assert dual.target.weight_format == "dual"
+    rows_seen = []
+    layer = next(m for m in dual.target.model.modules() if isinstance(m, DualLinear))
+    layer.register_forward_hook(lambda module, args, out: rows_seen.append(args[0].numel() // module.in_features))
+
+    def one_at_a_time(engine, speculation):
+        async def run():
+            out = []
+            for prompt in PROMPTS:
+                params = SamplingParams(max_tokens=24, ignore_eos=True, speculation=speculation,
+                                        num_speculative_tokens=4 if speculation else None)
+                out.append((await engine.generate(tok.encode(prompt), params)).token_ids)
+            await engine.coordinator.wait_idle()
+            return out
+        return asyncio.run(run())
+
+    expected = one_at_a_time(target_only, None)
+    assert one_at_a_time(dual, None) == expected
+    assert one_at_a_time(dual, "fixed") == expected
+    assert any(r == 1 for r in rows_seen) and 5 in rows_seen  # both copies computed decode tokens
+    assert dual.kv_blocks_used() == {"target": 0, "draft": 0}
 
 
 def test_onednn_caches_are_bounded_before_any_model_loads_unless_the_operator_says_otherwise():
