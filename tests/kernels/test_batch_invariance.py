@@ -199,24 +199,76 @@ def test_attention_invariant_modes_match_the_exact_attention(dtype, contexts, de
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rms_norm_rows_are_invariant(dtype, device, generator):
-    # Each row carries its residual beside it: [x | residual].
-    rows = torch.randn(70, 2 * 96, generator=generator).to(dtype)
-    weight = torch.randn(96, generator=generator).to(dtype)
-
-    def ordered(r):
-        return add_rms_norm_torch(r[:, :96], r[:, 96:], weight, 1e-6, ordered=True)[0]
+    # Each row carries its residual beside it: [x | residual]. 70 x 96 for the one-program-per-row GPU kernel; the
+    # ordered reference at 32 x 40000, above torch's parallel grain: a row alone has its sum split over threads, a row
+    # of the batch does not (in float32 that changes about one row in four here).
+    def ordered(width):
+        return lambda r: add_rms_norm_torch(r[:, :width], r[:, width:], weight[:width], 1e-6, ordered=True)[0]
 
     def on_device(r):
         r = r.to(device)
-        return add_rms_norm_triton(r[:, :96], r[:, 96:], weight.to(device), 1e-6)[0]
+        return add_rms_norm_triton(r[:, :96], r[:, 96:], weight[:96].to(device), 1e-6)[0]
 
-    got = _row_invariance(ordered, rows)
-    default = add_rms_norm_torch(rows[:, :96], rows[:, 96:], weight, 1e-6)[0]
+    wide = torch.randn(32, 2 * 40000, generator=generator).to(dtype)
+    weight = torch.randn(40000, generator=generator).to(dtype)
+    got = _row_invariance(ordered(40000), wide, rows=range(32))
+    default = add_rms_norm_torch(wide[:, :40000], wide[:, 40000:], weight, 1e-6)[0]
     torch.testing.assert_close(got, default, rtol=1e-2, atol=1e-2)
-    _row_invariance(on_device, rows)
+    _row_invariance(on_device, torch.randn(70, 2 * 96, generator=generator).to(dtype))
 
 
 def test_silu_mul_row_by_row_is_invariant_and_equals_the_batched_values(generator):
-    gate_up = torch.randn(70, 256, generator=generator).to(torch.bfloat16)
-    full = _row_invariance(lambda rows: silu_mul_torch(rows, row_by_row=True), gate_up)
-    torch.testing.assert_close(full, silu_mul_torch(gate_up), rtol=1e-2, atol=1e-2)
+    # 16 x 40003 float32: above torch's parallel grain, so the default cuts rows between threads' chunks, and an odd
+    # width, so the cut falls at another SIMD alignment alone than in the batch (some rows differ in the last bit).
+    gate_up = 4 * torch.randn(16, 2 * 40003, generator=generator)
+    full = _row_invariance(lambda rows: silu_mul_torch(rows, row_by_row=True), gate_up, rows=range(16))
+    torch.testing.assert_close(full, silu_mul_torch(gate_up), rtol=1e-6, atol=1e-6)
+
+
+# -- the mode against the default, through dispatch, on this machine's CPU ---------------------------------------
+# Each case is a shape where torch's own CPU kernel gives some row other bits alone than in the batch (on a 2-thread
+# x86 machine: linear in every row, RMSNorm and SiLU where a thread's chunk cuts a row). The mode must give every row
+# its alone bits there; the default is checked to differ, so that the first check is known to decide something here
+# (skipped, and only that check, on a machine whose default happens to be invariant at these shapes).
+
+def _linear_case(generator):
+    x, w = torch.randn(33, 1024, generator=generator), torch.randn(48, 1024, generator=generator)
+    return lambda rows: dispatch.linear(rows, w), x
+
+
+def _rms_norm_case(generator):
+    x, weight = torch.randn(32, 2 * 40000, generator=generator), torch.randn(40000, generator=generator)
+    return lambda rows: dispatch.add_rms_norm(rows[:, :40000], rows[:, 40000:], weight, 1e-6)[0], x
+
+
+def _silu_mul_case(generator):
+    return dispatch.silu_mul, 4 * torch.randn(16, 2 * 40003, generator=generator)
+
+
+CONTRAST_CASES = {"linear": _linear_case, "rms_norm": _rms_norm_case, "silu_mul": _silu_mul_case}
+
+
+def _rows_unlike_alone(fn, x) -> list[int]:
+    full = fn(x)
+    return [r for r in range(x.shape[0]) if not torch.equal(fn(x[r:r + 1])[0], full[r])]
+
+
+@pytest.fixture
+def cpu_kernels(monkeypatch):
+    monkeypatch.setenv(dispatch.ENV_VAR, "torch")
+    monkeypatch.setenv(dispatch.BATCH_INVARIANT_ENV, "0")  # restored after the test
+
+
+@pytest.mark.parametrize("case", CONTRAST_CASES)
+def test_the_mode_gives_every_row_its_alone_bits_on_the_cpu(case, cpu_kernels):
+    fn, x = CONTRAST_CASES[case](torch.Generator().manual_seed(30))
+    dispatch.set_batch_invariant(True)
+    assert _rows_unlike_alone(fn, x) == []
+
+
+@pytest.mark.parametrize("case", CONTRAST_CASES)
+def test_the_default_is_not_row_invariant_at_the_same_shapes(case, cpu_kernels):
+    fn, x = CONTRAST_CASES[case](torch.Generator().manual_seed(30))
+    dispatch.set_batch_invariant(False)
+    if not _rows_unlike_alone(fn, x):
+        pytest.skip(f"torch's default {case} is already row-invariant at this shape on this machine")
