@@ -1,9 +1,10 @@
 """The kernels the services call: the Triton version on a CUDA device when Triton imports, the torch reference
 everywhere else. SPECSPLIT_KERNELS=torch|triton forces one (read at each call, so tests can switch it).
 
-The batch-invariant mode (SPECSPLIT_BATCH_INVARIANT=1, or `set_batch_invariant(True)`, which `--batch-invariant`
-calls; read at each call too) makes every kernel on a model's path give a row bit for bit the same result whatever
-else is in its batch: how many rows, which k, the row's position, how its prompt was chunked. Its decision points:
+The batch-invariant mode (SPECSPLIT_BATCH_INVARIANT=1, read once at import, or `set_batch_invariant(True)`, which
+`--batch-invariant` calls and which sets the variable for child processes too) makes every kernel on a model's path
+give a row bit for bit the same result whatever else is in its batch: how many rows, which k, the row's position,
+how its prompt was chunked. Its decision points:
 `linear` (a GEMM whose tiles and K split depend on (N, K, dtype) only, instead of torch's matmul), `paged_attention`
 (one tile shape and a fixed split size along the context for every query count), the torch references of RMSNorm,
 SiLU and attention (fixed reduction orders, rows one by one), and the row reductions of sampling (`sum_rows`,
@@ -60,16 +61,27 @@ def use_triton(tensor: torch.Tensor) -> bool:
     return tensor.is_cuda and _triton_importable()
 
 
-def batch_invariant() -> bool:
-    """Whether the batch-invariant mode is on (SPECSPLIT_BATCH_INVARIANT: 1 on, 0 or unset off)."""
+def _mode_from_environment() -> bool:
     value = os.environ.get(BATCH_INVARIANT_ENV, "0")
     if value not in ("0", "1", ""):
         raise ValueError(f"{BATCH_INVARIANT_ENV} must be 0 or 1, not {value!r}")
     return value == "1"
 
 
+# Read once: every kernel call consults the mode, and a process's mode is fixed before its first model runs.
+_MODE = _mode_from_environment()
+
+
+def batch_invariant() -> bool:
+    """Whether the batch-invariant mode is on (SPECSPLIT_BATCH_INVARIANT at import: 1 on, 0 or unset off; then
+    `set_batch_invariant`)."""
+    return _MODE
+
+
 def set_batch_invariant(on: bool) -> None:
     """Switch the mode for this process, and for the processes it starts (through the environment)."""
+    global _MODE
+    _MODE = bool(on)
     os.environ[BATCH_INVARIANT_ENV] = "1" if on else "0"
 
 

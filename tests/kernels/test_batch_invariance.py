@@ -2,6 +2,10 @@
 property itself for both: a row's output is bit for bit the same computed alone, in batches of other sizes, at
 other positions, in a k+1 verification or a prefill chunked another way."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -52,24 +56,32 @@ def test_ordered_top_k_breaks_ties_by_index(dtype):
 
 # -- the switch and the linear entry point ---------------------------------------------------------------------
 
-def test_switch_reads_the_environment_at_each_call(monkeypatch):
-    monkeypatch.setenv(dispatch.BATCH_INVARIANT_ENV, "0")  # so that monkeypatch restores it after the setter
-    monkeypatch.delenv(dispatch.BATCH_INVARIANT_ENV)
+def test_the_setter_switches_the_mode_and_hands_it_to_child_processes(monkeypatch):
+    monkeypatch.setattr(dispatch, "_MODE", False)  # both restored after the test
+    monkeypatch.setenv(dispatch.BATCH_INVARIANT_ENV, "0")
     assert not dispatch.batch_invariant()
     dispatch.set_batch_invariant(True)
-    assert dispatch.batch_invariant()
+    assert dispatch.batch_invariant() and os.environ[dispatch.BATCH_INVARIANT_ENV] == "1"
     dispatch.set_batch_invariant(False)
-    assert not dispatch.batch_invariant()
-    monkeypatch.setenv(dispatch.BATCH_INVARIANT_ENV, "yes")
-    with pytest.raises(ValueError, match="must be 0 or 1"):
-        dispatch.batch_invariant()
+    assert not dispatch.batch_invariant() and os.environ[dispatch.BATCH_INVARIANT_ENV] == "0"
+
+
+def test_the_environment_is_read_at_import_and_a_bad_value_refused(monkeypatch):
+    check = [sys.executable, "-c", "from specsplit.kernels.dispatch import batch_invariant; print(batch_invariant())"]
+    on = subprocess.run(check, env={**os.environ, dispatch.BATCH_INVARIANT_ENV: "1"}, capture_output=True, text=True)
+    assert on.stdout.strip() == "True", on.stderr
+    bad = subprocess.run(check, env={**os.environ, dispatch.BATCH_INVARIANT_ENV: "yes"}, capture_output=True, text=True)
+    assert bad.returncode != 0 and "must be 0 or 1, not 'yes'" in bad.stderr
+    for off in ("0", ""):
+        monkeypatch.setenv(dispatch.BATCH_INVARIANT_ENV, off)
+        assert dispatch._mode_from_environment() is False
 
 
 def test_linear_is_torchs_own_by_default_and_the_fixed_order_one_in_the_mode(monkeypatch, generator):
     x, w, b = torch.randn(6, 40, generator=generator), torch.randn(24, 40, generator=generator), torch.randn(24)
-    monkeypatch.setenv(dispatch.BATCH_INVARIANT_ENV, "0")
+    monkeypatch.setattr(dispatch, "_MODE", False)
     assert torch.equal(dispatch.linear(x, w, b), F.linear(x, w, b))
-    monkeypatch.setenv(dispatch.BATCH_INVARIANT_ENV, "1")
+    monkeypatch.setattr(dispatch, "_MODE", True)
     monkeypatch.setenv(dispatch.ENV_VAR, "torch")
     assert torch.equal(dispatch.linear(x, w, b), linear_torch(x, w, b))
 
@@ -253,22 +265,18 @@ def _rows_unlike_alone(fn, x) -> list[int]:
     return [r for r in range(x.shape[0]) if not torch.equal(fn(x[r:r + 1])[0], full[r])]
 
 
-@pytest.fixture
-def cpu_kernels(monkeypatch):
-    monkeypatch.setenv(dispatch.ENV_VAR, "torch")
-    monkeypatch.setenv(dispatch.BATCH_INVARIANT_ENV, "0")  # restored after the test
-
-
 @pytest.mark.parametrize("case", CONTRAST_CASES)
-def test_the_mode_gives_every_row_its_alone_bits_on_the_cpu(case, cpu_kernels):
+def test_the_mode_gives_every_row_its_alone_bits_on_the_cpu(case, monkeypatch):
+    monkeypatch.setenv(dispatch.ENV_VAR, "torch")
+    monkeypatch.setattr(dispatch, "_MODE", True)
     fn, x = CONTRAST_CASES[case](torch.Generator().manual_seed(30))
-    dispatch.set_batch_invariant(True)
     assert _rows_unlike_alone(fn, x) == []
 
 
 @pytest.mark.parametrize("case", CONTRAST_CASES)
-def test_the_default_is_not_row_invariant_at_the_same_shapes(case, cpu_kernels):
+def test_the_default_is_not_row_invariant_at_the_same_shapes(case, monkeypatch):
+    monkeypatch.setenv(dispatch.ENV_VAR, "torch")
+    monkeypatch.setattr(dispatch, "_MODE", False)
     fn, x = CONTRAST_CASES[case](torch.Generator().manual_seed(30))
-    dispatch.set_batch_invariant(False)
     if not _rows_unlike_alone(fn, x):
         pytest.skip(f"torch's default {case} is already row-invariant at this shape on this machine")

@@ -12,7 +12,7 @@ the mode's do not); the engine-level evidence is the GPU tests, where the defaul
 import pytest
 
 from invariance_scenarios import PROMPTS, alone, check_greedy, check_seeded, greedy, run, save_flat_pair
-from specsplit.kernels.dispatch import BATCH_INVARIANT_ENV
+from specsplit.kernels import dispatch
 from specsplit.services.errors import InvalidArgument
 from specsplit.services.local_engine import LocalEngine
 from specsplit.services.models.loader import load_model
@@ -25,7 +25,7 @@ BATCHES = (1, 8, 32)
 @pytest.fixture(scope="module", autouse=True)
 def batch_invariant_mode():
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(BATCH_INVARIANT_ENV, "1")
+        patch.setattr(dispatch, "_MODE", True)
         yield
 
 
