@@ -8,9 +8,9 @@ how its prompt was chunked. Its decision points:
 `linear` (a GEMM whose tiles and K split depend on (N, K, dtype) only, instead of torch's matmul), `paged_attention`
 (one tile shape and a fixed split size along the context for every query count), the torch references of RMSNorm,
 SiLU and attention (fixed reduction orders, rows one by one), and the row reductions of sampling (`sum_rows`,
-`cumsum_rows`, `top_k_rows`, `sort_rows_descending`). The GPU kernels of RMSNorm, rotary, SiLU and sampling already
-compute one row per program and need no change. CUDA graphs keep the kernels of the mode they were captured in:
-set the mode before a model runs.
+`cumsum_rows`, `top_k_rows`). The GPU kernels of RMSNorm, rotary, SiLU and sampling already compute one row per
+program and need no change. CUDA graphs keep the kernels of the mode they were captured in: set the mode before a
+model runs.
 
 The Triton modules are imported on first use, not here: importing this module never compiles or decorates a kernel,
 so the services load the same way on machines with and without Triton.
@@ -216,7 +216,3 @@ def top_k_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, indices) of each row's k largest, largest first (equal values: lower index first in the mode)."""
     return ordered_top_k(x, k) if batch_invariant() else x.topk(k, dim=-1)
 
-
-def sort_rows_descending(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values, indices) sorted down each row (stable in the mode: equal values keep their index order)."""
-    return x.sort(dim=-1, descending=True, stable=batch_invariant())
