@@ -131,7 +131,8 @@ def matmuls(target, draft, sweep: bool, rows_list=(1, 8, 32, 160)) -> list[dict]
     """Device time per call (CUDA-graph replays) of each distinct weight shape, cuBLAS against the mode's GEMM."""
     import torch.nn.functional as F
     from bench_kernels import graph_us
-    from specsplit.kernels.linear_triton import GemmConfig, gemm_config, linear_triton, sm_count
+    from specsplit.kernels.device import sm_count
+    from specsplit.kernels.linear_triton import GemmConfig, gemm_config, linear_triton
 
     rows_out = []
     for model_name, loaded in (("7b", target), ("0.5b", draft)):

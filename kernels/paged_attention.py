@@ -27,9 +27,7 @@ Slow; for the CPU only (the GPU runs the Triton kernel's own invariant mode).
 import torch
 import torch.nn.functional as F
 
-from specsplit.kernels.invariant_reductions import ordered_sum
-
-_BLOCK_ELEMENTS = 1 << 22  # the batch-invariant path's products held at once (tokens x heads x head_dim x context)
+from specsplit.kernels.invariant_reductions import BLOCK_ELEMENTS, ordered_sum
 
 
 def paged_attention_torch(
@@ -101,7 +99,7 @@ def _attention_fixed_order(query, key_cache, value_cache, block_tables, seq_lens
         values = value_cache[table].reshape(-1, num_kv_heads, head_dim)[:context].to(accumulate)
         keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # [heads, context, head_dim]
         values = values.repeat_interleave(group, dim=1).permute(1, 2, 0)  # [heads, head_dim, context]
-        step = max(1, _BLOCK_ELEMENTS // (num_heads * head_dim * context))
+        step = max(1, BLOCK_ELEMENTS // (num_heads * head_dim * context))  # tokens x heads x head_dim x context
         for lo in range(first, last, step):
             hi = min(lo + step, last)
             seen = torch.arange(context - (last - lo) + 1, context - (last - hi) + 1)  # each token's position + 1

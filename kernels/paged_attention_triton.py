@@ -26,12 +26,12 @@ max, sum and accumulator as they were), and the merge adds the splits one after 
 number of empty splits after them (set by the batch's longest context) changes nothing.
 """
 
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
+from specsplit.kernels.device import sm_count
 from specsplit.kernels.rounding_triton import cast_rtne
 
 _LOG2E = 1.4426950408889634
@@ -241,17 +241,6 @@ def _merge_splits_kernel(
              cast_rtne(out, out_ptr.dtype.element_ty, INTERPRETER), mask=out_mask)
 
 
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
-    return 132  # the interpreter on the CPU: pretend to be an H100 so tests see the same choices
-
-
 def choose_tiles(max_query_len: int, group: int) -> tuple[int, int]:
     """(BLOCK_Q, BLOCK_M): as many query tokens per tile as fit next to the whole head group."""
     group_pad = triton.next_power_of_2(group)
@@ -319,7 +308,7 @@ def paged_attention_triton(
         block_q, block_m = choose_tiles(max_query_len, group)
     num_q_tiles = triton.cdiv(max(max_query_len, 1), block_q)
     if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, num_q_tiles, max_seq_len, _sm_count(query.device))
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, num_q_tiles, max_seq_len, sm_count(query.device))
     block_d = triton.next_power_of_2(head_dim)
     if block_n is None:
         block_n = 64 if block_m <= 64 and query.dtype != torch.float32 else 32
