@@ -105,15 +105,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
                     max_query_len: int, max_seq_len: int) -> torch.Tensor:
-    invariant = batch_invariant()
+    ordered = batch_invariant()
     if use_triton(query):
         from specsplit.kernels.paged_attention_triton import paged_attention_triton
 
         with on_device(query):
             return paged_attention_triton(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
-                                          max_query_len, max_seq_len, batch_invariant=invariant)
+                                          max_query_len, max_seq_len, ordered=ordered)
     return paged_attention_torch(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
-                                 max_query_len, max_seq_len, batch_invariant=invariant)
+                                 max_query_len, max_seq_len, ordered=ordered)
 
 
 def write_kv(key, value, key_cache, value_cache, slot_mapping) -> None:
@@ -154,7 +154,7 @@ def silu_mul(gate_up):
 
         with on_device(gate_up):
             return silu_mul_triton(gate_up)  # elementwise: invariant as it is
-    return silu_mul_torch(gate_up, row_by_row=batch_invariant())
+    return silu_mul_torch(gate_up, ordered=batch_invariant())
 
 
 def rejection_sample(target_probs, draft_token_ids, q_token_ids, q_probs, num_draft, accept_uniforms,
@@ -177,7 +177,7 @@ def typical_accept(target_probs, draft_token_ids, num_draft, sample_uniforms, po
     Triton kernel where that is used."""
     return typical_accept_torch(target_probs, draft_token_ids, num_draft, sample_uniforms, posterior_threshold,
                                 posterior_alpha, sample=sample_from_probs,
-                                row_sum=ordered_sum if batch_invariant() else None)
+                                ordered=batch_invariant())
 
 
 def sample_from_probs(probs, uniforms) -> torch.Tensor:

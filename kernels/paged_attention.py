@@ -15,7 +15,7 @@ Layouts (per layer):
     query_start_loc: [num_seqs + 1] int32, cumulative query counts
 GQA: query head `h` reads KV head `h // (num_heads // num_kv_heads)`.
 
-`batch_invariant` (the mode of kernels/dispatch.py): the padded batch above is shaped by the longest query and
+`ordered` (the batch-invariant mode of kernels/dispatch.py): the padded batch above is shaped by the longest query and
 context of the batch, and SDPA's blocking and reductions follow those shapes. In the mode a token's result depends
 on its own query and context only: its scores (over head_dim) and its weighted sum of values (over its positions,
 the positions after its own adding -0.0) by `ordered_sum`'s fixed trees in float32, and its softmax computed on
@@ -40,10 +40,10 @@ def paged_attention_torch(
     scale: float,
     max_query_len: int,
     max_seq_len: int,
-    batch_invariant: bool = False,
+    ordered: bool = False,
 ) -> torch.Tensor:
     """Gather each sequence's KV into a padded batch and run one masked SDPA call over all sequences."""
-    if batch_invariant:
+    if ordered:
         return _attention_fixed_order(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale)
     num_tokens, num_heads, head_dim = query.shape
     num_seqs = seq_lens.shape[0]

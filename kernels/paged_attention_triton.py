@@ -15,7 +15,7 @@ How the work is cut:
   and log-sum-exp, and a second kernel merges them. The split count is chosen on the host from host ints
   (num_seqs, max_query_len, max_seq_len): no device sync.
 
-Batch-invariant mode (`batch_invariant=True`, kernels/dispatch.py): the choices above follow the batch (tile rows by
+Batch-invariant mode (`ordered=True`, kernels/dispatch.py): the choices above follow the batch (tile rows by
 the longest query, split count by the grid's size), so a decode row, the same row in a k+1 verification and in a
 prefill chunk add their KV in different orders. In the mode every call uses one tile shape (BLOCK_M = 64 rows: 8
 query tokens of a group of up to 8 heads, BLOCK_N = 64 keys) and a fixed split SIZE along the context
@@ -278,13 +278,13 @@ def paged_attention_triton(
     num_warps: int | None = None,
     num_stages: int | None = None,
     out: torch.Tensor | None = None,
-    batch_invariant: bool = False,
+    ordered: bool = False,
     split_tokens: int = INVARIANT_SPLIT_TOKENS,
 ) -> torch.Tensor:
     """Same contract as `paged_attention_torch`. Keyword-only knobs for tests and benchmarks: force the split
     count or tile shape, or pass `out` ([num_tokens, num_heads, head_dim], query's dtype) to write into.
-    `batch_invariant`: the mode's fixed tiles and split size (the knobs must then be left unset); `split_tokens`, its
-    split size (tests use smaller ones to reach several splits with short contexts)."""
+    `ordered` (the batch-invariant mode): its fixed tiles and split size (the knobs must then be left unset);
+    `split_tokens`, its split size (tests use smaller ones to reach several splits with short contexts)."""
     num_tokens, num_heads, head_dim = query.shape
     num_seqs = seq_lens.shape[0]
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
@@ -296,7 +296,7 @@ def paged_attention_triton(
     assert key_cache.stride(3) == 1 and value_cache.stride(3) == 1 and query.stride(2) == 1 and out.stride(2) == 1
 
     fixed_split = 0
-    if batch_invariant:
+    if ordered:
         assert num_splits is None and block_n is None and num_warps is None, "the mode fixes the kernel's shape"
         assert split_tokens % 64 == 0, "a split is whole KV tiles"
         group_pad = triton.next_power_of_2(group)
@@ -352,7 +352,7 @@ def paged_attention_triton(
         _merge_splits_kernel[(num_tokens, triton.cdiv(num_heads, block_h))](
             part_out, part_lse, out, out.stride(0), out.stride(1), num_heads, num_splits,
             SPLITS_PAD=splits_pad, SPLIT_TILE=min(splits_pad, 128 if on_gpu else 16), BLOCK_H=block_h,
-            BLOCK_D=block_d, HEAD_DIM=head_dim, ORDERED=batch_invariant, INTERPRETER=interpreter,
+            BLOCK_D=block_d, HEAD_DIM=head_dim, ORDERED=ordered, INTERPRETER=interpreter,
             num_warps=8 if splits_pad >= 64 else 4,
         )
     return out

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from paged_batch_inputs import make_paged_batch, naive_attention, relative_error
-from specsplit.kernels import dispatch
+from specsplit.kernels import dispatch, typical_acceptance
 from specsplit.kernels.invariant_reductions import ordered_cumsum, ordered_sum, ordered_top_k
 from specsplit.kernels.linear import linear_torch
 from specsplit.kernels.linear_triton import GemmConfig, gemm_config, linear_triton
@@ -20,6 +20,7 @@ from specsplit.kernels.paged_attention_triton import paged_attention_triton
 from specsplit.kernels.rms_norm import add_rms_norm_torch
 from specsplit.kernels.rms_norm_triton import add_rms_norm_triton
 from specsplit.kernels.silu_mul import silu_mul_torch
+from specsplit.kernels.typical_acceptance import typical_bound
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -165,11 +166,11 @@ def _attend(attention, cache, parts):
 
 
 def _triton_invariant(*args):
-    return paged_attention_triton(*args, batch_invariant=True, split_tokens=64)
+    return paged_attention_triton(*args, ordered=True, split_tokens=64)
 
 
 def _torch_invariant(*args):
-    return paged_attention_torch(*args, batch_invariant=True)
+    return paged_attention_torch(*args, ordered=True)
 
 
 @pytest.mark.parametrize("path, dtype", [("triton", torch.bfloat16), ("torch", torch.bfloat16),
@@ -201,10 +202,10 @@ def test_attention_invariant_modes_match_the_exact_attention(dtype, contexts, de
                              device, generator).to(dtype)
     want = naive_attention(batch)
     tolerance = 1e-5 if dtype == torch.float32 else 1.5e-2
-    assert relative_error(paged_attention_triton(*batch.args(), batch_invariant=True), want) < tolerance
+    assert relative_error(paged_attention_triton(*batch.args(), ordered=True), want) < tolerance
     cpu = batch.to(dtype)
     cpu_args = [a.cpu() if torch.is_tensor(a) else a for a in cpu.args()]
-    assert relative_error(paged_attention_torch(*cpu_args, batch_invariant=True), want) < tolerance
+    assert relative_error(paged_attention_torch(*cpu_args, ordered=True), want) < tolerance
 
 
 # -- RMSNorm and SiLU -------------------------------------------------------------------------------------------
@@ -229,11 +230,11 @@ def test_rms_norm_rows_are_invariant(dtype, device, generator):
     _row_invariance(on_device, torch.randn(70, 2 * 96, generator=generator).to(dtype))
 
 
-def test_silu_mul_row_by_row_is_invariant_and_equals_the_batched_values(generator):
+def test_silu_mul_ordered_is_invariant_and_equals_the_batched_values(generator):
     # 16 x 40003 float32: above torch's parallel grain, so the default cuts rows between threads' chunks, and an odd
     # width, so the cut falls at another SIMD alignment alone than in the batch (some rows differ in the last bit).
     gate_up = 4 * torch.randn(16, 2 * 40003, generator=generator)
-    full = _row_invariance(lambda rows: silu_mul_torch(rows, row_by_row=True), gate_up, rows=range(16))
+    full = _row_invariance(lambda rows: silu_mul_torch(rows, ordered=True), gate_up, rows=range(16))
     torch.testing.assert_close(full, silu_mul_torch(gate_up), rtol=1e-6, atol=1e-6)
 
 
@@ -280,3 +281,41 @@ def test_the_default_is_not_row_invariant_at_the_same_shapes(case, monkeypatch):
     fn, x = CONTRAST_CASES[case](torch.Generator().manual_seed(30))
     if not _rows_unlike_alone(fn, x):
         pytest.skip(f"torch's default {case} is already row-invariant at this shape on this machine")
+
+
+# -- typical acceptance (lossy, opt-in; the mode makes it batch-invariant too) ----------------------------------
+
+def _typical_case():
+    # k = 1 over a 40003-token vocabulary: one entropy row per sequence, which torch's default sum splits over threads
+    # when the row is alone and not in a batch (the contrast below).
+    generator = torch.Generator().manual_seed(30)
+    probs = torch.softmax(3 * torch.randn(8, 2, 40003, generator=generator), dim=-1)
+    drafts = probs[:, 0].argmax(-1, keepdim=True)
+    drafts[::2] = torch.randint(0, 40003, (4, 1), generator=generator)  # half the proposals fail
+    return probs, drafts, torch.ones(8, dtype=torch.int64), torch.rand(8, 2, generator=generator)
+
+
+def _bound_rows_unlike_alone(probs, ordered: bool) -> list[int]:
+    bound = typical_bound(probs[:, :1], 0.09, 0.3, ordered)
+    return [r for r in range(8) if not torch.equal(typical_bound(probs[r:r + 1, :1], 0.09, 0.3, ordered)[0], bound[r])]
+
+
+def test_typical_acceptance_in_the_mode_gives_a_row_its_alone_result(monkeypatch):
+    monkeypatch.setenv(dispatch.ENV_VAR, "torch")
+    monkeypatch.setattr(dispatch, "_MODE", True)
+    entropy_sums = []
+    monkeypatch.setattr(typical_acceptance, "ordered_sum", lambda x: entropy_sums.append(x.shape) or ordered_sum(x))
+    probs, drafts, num_draft, uniforms = _typical_case()
+    tokens, accepted = dispatch.typical_accept(probs, drafts, num_draft, uniforms, 0.09, 0.3)
+    assert entropy_sums, "the mode's typical acceptance must sum the entropy in the fixed order"
+    assert accepted.tolist() == [0, 1] * 4
+    for r in range(8):
+        alone = dispatch.typical_accept(probs[r:r + 1], drafts[r:r + 1], num_draft[r:r + 1], uniforms[r:r + 1], 0.09,
+                                        0.3)
+        assert torch.equal(alone[0][0], tokens[r]) and torch.equal(alone[1][0], accepted[r]), f"row {r}"
+    assert _bound_rows_unlike_alone(probs, ordered=True) == []  # the bits the acceptance test compares against
+
+
+def test_the_default_entropy_sum_is_not_row_invariant_at_the_same_shape():
+    if not _bound_rows_unlike_alone(_typical_case()[0], ordered=False):
+        pytest.skip("torch's default entropy sum is already row-invariant at this shape on this machine")
