@@ -42,7 +42,9 @@ _MAX_SPLITS = 128
 # sweep in bench/bench_kernels.py --sweep: 256 programs beat 320 or 512 on 132 SMs).
 _PROGRAMS_PER_SM = 2
 # The batch-invariant mode's split size along the context (a multiple of every BLOCK_N): short contexts run
-# unsplit as in the default mode; a 4k context is 16 splits at any batch size.
+# unsplit as in the default mode; a 4k context uses 16 splits at any batch size. The grid has cdiv(max_seq_len, 256)
+# splits, and under CUDA graphs max_seq_len is the graph's context class (up to max_model_len): the programs past a
+# tile's context return at once, writing nothing, and the merge stops at each token's own last split.
 INVARIANT_SPLIT_TOKENS = 256
 INVARIANT_BLOCK_M = 64
 
@@ -152,6 +154,9 @@ def _paged_attention_kernel(
             chunk = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
         split_lo = tl.minimum(split * chunk, kv_end)
         split_hi = tl.minimum(split_lo + chunk, kv_end)
+        if FIXED_SPLIT > 0:
+            if split_lo >= kv_end:  # past the tile's context (the count follows the batch's longest): write nothing
+                return
     else:
         split_lo = 0
         split_hi = kv_end
@@ -203,7 +208,8 @@ def _merge_splits_kernel(
     BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, ORDERED: tl.constexpr, INTERPRETER: tl.constexpr,
 ):
     """out[t, h] = sum_s exp2(lse_s - max lse) out_s / sum_s exp2(lse_s - max lse), for BLOCK_H heads of token t.
-    ORDERED (batch-invariant): both sums split by split, in split order, empty splits (lse -inf) skipped."""
+    ORDERED (batch-invariant): both sums split by split, in split order, up to the token's last used split; empty
+    splits (lse -inf: past the token's position, or never written, part_lse being filled with -inf) skipped."""
     token = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     head_valid = heads < num_heads
@@ -217,7 +223,9 @@ def _merge_splits_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     if ORDERED:
         weight_sum = tl.zeros([BLOCK_H], dtype=tl.float32)
-        for split in range(0, num_splits):
+        # The splits this token uses are a prefix: its position's, whatever the batch's longest context made num_splits.
+        used_splits = tl.max(tl.max(tl.where(lse > float("-inf"), splits[None, :] + 1, 0), axis=1), axis=0)
+        for split in range(0, used_splits):
             split_lse = tl.load(part_lse_ptr + base + split, mask=head_valid, other=float("-inf"))
             used = split_lse > float("-inf")
             weight = tl.exp2(split_lse - lse_max)
@@ -225,6 +233,7 @@ def _merge_splits_kernel(
                            mask=used[:, None], other=0.0)
             acc = tl.where(used[:, None], acc + part * weight[:, None], acc)
             weight_sum = tl.where(used, weight_sum + weight, weight_sum)
+        weight_sum = tl.where(used_splits > 0, weight_sum, 1.0)  # a padding token no sequence owns: zeros, not 0/0
     else:
         weight_sum = tl.sum(tl.exp2(lse - lse_max[:, None]), axis=1)
         for first in range(0, num_splits, SPLIT_TILE):
@@ -323,7 +332,11 @@ def paged_attention_triton(
 
     if num_splits > 1:
         part_out = torch.empty(num_tokens, num_heads, num_splits, block_d, dtype=torch.float32, device=query.device)
-        part_lse = torch.empty(num_tokens, num_heads, num_splits, dtype=torch.float32, device=query.device)
+        lse_shape = (num_tokens, num_heads, num_splits)
+        if ordered:  # the mode's kernel writes nothing for splits past a tile's context: -inf marks them unused
+            part_lse = torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=query.device)
+        else:
+            part_lse = torch.empty(lse_shape, dtype=torch.float32, device=query.device)
     else:
         part_out = part_lse = out  # unused
 

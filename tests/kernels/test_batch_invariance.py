@@ -208,6 +208,22 @@ def test_attention_invariant_modes_match_the_exact_attention(dtype, contexts, de
     assert relative_error(paged_attention_torch(*cpu_args, ordered=True), want) < tolerance
 
 
+def test_attention_in_the_mode_ignores_splits_past_the_context(device, generator):
+    # Under CUDA graphs max_seq_len is the graph's context class (e.g. 2048 at max_model_len 32k), not the batch's
+    # longest context: the splits past each tile's context must write nothing and the merge stop at the token's own
+    # last split, with the same bits as a call sized by the real contexts.
+    batch = make_paged_batch([1, 5, 3, 7], [300, 40, 200, 7], HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, torch.float32,
+                             device, generator).to(torch.bfloat16)
+    *args, max_query_len, max_seq_len = batch.args()
+    padded_query = torch.cat([batch.query, torch.randn_like(batch.query[:3])])  # 3 padding tokens no sequence owns
+    sized = paged_attention_triton(*args, max_query_len, max_seq_len, ordered=True, split_tokens=64)  # 5 splits
+    graph_class = paged_attention_triton(padded_query, *args[1:], max_query_len, 2048, ordered=True,
+                                         split_tokens=64)  # 32 splits
+    assert torch.equal(graph_class[:-3], sized)
+    assert torch.equal(graph_class[-3:], torch.zeros_like(graph_class[-3:]))
+    assert relative_error(sized, naive_attention(batch)) < 1.5e-2
+
+
 # -- RMSNorm and SiLU -------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES)
