@@ -286,8 +286,7 @@ def test_batch_invariant_bf16_seeded_sampling_does_not_depend_on_the_batch(flat_
     check_seeded(engine, batch=32, max_tokens=INVARIANT_MAX_TOKENS)
 
 
-def test_default_mode_bf16_match_rate_on_flat_models_is_reported(flat_pair, invariant_reference, record_property,
-                                                                 monkeypatch):
+def test_default_mode_bf16_match_rate_on_flat_models_is_reported(flat_pair, record_property, monkeypatch):
     """The contrast (recorded, not asserted): the same flat models in the default mode, batch 32, k = 4."""
     monkeypatch.setattr(dispatch, "_MODE", False)
     engine = LocalEngine(flat_pair["target"], flat_pair["unrelated"], num_speculative_tokens=4, dtype="bfloat16",
