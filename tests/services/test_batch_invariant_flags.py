@@ -21,7 +21,8 @@ def test_the_flag_is_on_every_command_that_runs_models(argv):
     assert build_parser().parse_args([*argv, "--batch-invariant"]).batch_invariant
 
 
-def test_serve_hands_it_to_its_workers_and_refuses_sharded_models():
+def test_serve_hands_it_to_its_workers_and_refuses_sharded_models(monkeypatch):
+    monkeypatch.setattr(dispatch, "_MODE", True)  # as cli.main leaves it for --batch-invariant
     assert batch_invariant_argv(build_parser().parse_args(["serve"])) == []
     assert batch_invariant_argv(build_parser().parse_args(["serve", "--batch-invariant"])) == ["--batch-invariant"]
     sharded = build_parser().parse_args(["serve", "--batch-invariant", "--target-tensor-parallel-size", "2"])
