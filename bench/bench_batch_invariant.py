@@ -117,6 +117,8 @@ def correctness(target, draft, check_batches: list[int], max_tokens: int) -> dic
                          "sequences": sum(r["sequences"] for r in checks),
                          "self_draft_acceptance": self_accepted, "seconds": time.perf_counter() - t0}
         log(name, summary[name])
+        RESULTS["correctness"] = summary
+        save()  # each mode's rows as soon as they exist: a call cut off in the next mode keeps them
     summary["passed"] = (summary["batch_invariant"]["every_sequence_equal_to_target_alone"]
                          and summary["batch_invariant"]["self_draft_acceptance"] == 1.0)
     return summary
@@ -131,7 +133,8 @@ def matmuls(target, draft, sweep: bool, rows_list=(1, 8, 32, 160)) -> list[dict]
     """Device time per call (CUDA-graph replays) of each distinct weight shape, cuBLAS against the mode's GEMM."""
     import torch.nn.functional as F
     from bench_kernels import graph_us
-    from specsplit.kernels.linear_triton import GemmConfig, gemm_config, linear_triton, sm_count
+    from specsplit.kernels.device import sm_count
+    from specsplit.kernels.linear_triton import GemmConfig, gemm_config, linear_triton
 
     rows_out = []
     for model_name, loaded in (("7b", target), ("0.5b", draft)):
@@ -247,7 +250,7 @@ def main() -> None:
 
     if not args.skip_correctness:
         RESULTS["correctness"] = correctness(target, draft, [int(b) for b in args.check_batches.split(",")],
-                                             args.check_tokens)
+                                             args.check_tokens)  # saved after each mode, and with "passed" here
         save()
     if DEVICE != "cpu" and not args.skip_matmuls:
         RESULTS["rows"] += matmuls(target, draft, args.sweep)

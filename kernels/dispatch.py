@@ -1,15 +1,16 @@
 """The kernels the services call: the Triton version on a CUDA device when Triton imports, the torch reference
 everywhere else. SPECSPLIT_KERNELS=torch|triton forces one (read at each call, so tests can switch it).
 
-The batch-invariant mode (SPECSPLIT_BATCH_INVARIANT=1, or `set_batch_invariant(True)`, which `--batch-invariant`
-calls; read at each call too) makes every kernel on a model's path give a row bit for bit the same result whatever
-else is in its batch: how many rows, which k, the row's position, how its prompt was chunked. Its decision points:
+The batch-invariant mode (SPECSPLIT_BATCH_INVARIANT=1, read once at import, or `set_batch_invariant(True)`, which
+`--batch-invariant` calls and which sets the variable for child processes too) makes every kernel on a model's path
+give a row bit for bit the same result whatever else is in its batch: how many rows, which k, the row's position,
+how its prompt was chunked. Its decision points:
 `linear` (a GEMM whose tiles and K split depend on (N, K, dtype) only, instead of torch's matmul), `paged_attention`
 (one tile shape and a fixed split size along the context for every query count), the torch references of RMSNorm,
 SiLU and attention (fixed reduction orders, rows one by one), and the row reductions of sampling (`sum_rows`,
-`cumsum_rows`, `top_k_rows`, `sort_rows_descending`). The GPU kernels of RMSNorm, rotary, SiLU and sampling already
-compute one row per program and need no change. CUDA graphs keep the kernels of the mode they were captured in:
-set the mode before a model runs.
+`cumsum_rows`, `top_k_rows`). The GPU kernels of RMSNorm, rotary, SiLU and sampling already compute one row per
+program and need no change. CUDA graphs keep the kernels of the mode they were captured in: set the mode before a
+model runs.
 
 The Triton modules are imported on first use, not here: importing this module never compiles or decorates a kernel,
 so the services load the same way on machines with and without Triton.
@@ -60,16 +61,27 @@ def use_triton(tensor: torch.Tensor) -> bool:
     return tensor.is_cuda and _triton_importable()
 
 
-def batch_invariant() -> bool:
-    """Whether the batch-invariant mode is on (SPECSPLIT_BATCH_INVARIANT: 1 on, 0 or unset off)."""
+def _mode_from_environment() -> bool:
     value = os.environ.get(BATCH_INVARIANT_ENV, "0")
     if value not in ("0", "1", ""):
         raise ValueError(f"{BATCH_INVARIANT_ENV} must be 0 or 1, not {value!r}")
     return value == "1"
 
 
+# Read once: every kernel call consults the mode, and a process's mode is fixed before its first model runs.
+_MODE = _mode_from_environment()
+
+
+def batch_invariant() -> bool:
+    """Whether the batch-invariant mode is on (SPECSPLIT_BATCH_INVARIANT at import: 1 on, 0 or unset off; then
+    `set_batch_invariant`)."""
+    return _MODE
+
+
 def set_batch_invariant(on: bool) -> None:
     """Switch the mode for this process, and for the processes it starts (through the environment)."""
+    global _MODE
+    _MODE = bool(on)
     os.environ[BATCH_INVARIANT_ENV] = "1" if on else "0"
 
 
@@ -93,15 +105,15 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def paged_attention(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
                     max_query_len: int, max_seq_len: int) -> torch.Tensor:
-    invariant = batch_invariant()
+    ordered = batch_invariant()
     if use_triton(query):
         from specsplit.kernels.paged_attention_triton import paged_attention_triton
 
         with on_device(query):
             return paged_attention_triton(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
-                                          max_query_len, max_seq_len, batch_invariant=invariant)
+                                          max_query_len, max_seq_len, ordered=ordered)
     return paged_attention_torch(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale,
-                                 max_query_len, max_seq_len, batch_invariant=invariant)
+                                 max_query_len, max_seq_len, ordered=ordered)
 
 
 def write_kv(key, value, key_cache, value_cache, slot_mapping) -> None:
@@ -142,7 +154,7 @@ def silu_mul(gate_up):
 
         with on_device(gate_up):
             return silu_mul_triton(gate_up)  # elementwise: invariant as it is
-    return silu_mul_torch(gate_up, row_by_row=batch_invariant())
+    return silu_mul_torch(gate_up, ordered=batch_invariant())
 
 
 def rejection_sample(target_probs, draft_token_ids, q_token_ids, q_probs, num_draft, accept_uniforms,
@@ -165,7 +177,7 @@ def typical_accept(target_probs, draft_token_ids, num_draft, sample_uniforms, po
     Triton kernel where that is used."""
     return typical_accept_torch(target_probs, draft_token_ids, num_draft, sample_uniforms, posterior_threshold,
                                 posterior_alpha, sample=sample_from_probs,
-                                row_sum=ordered_sum if batch_invariant() else None)
+                                ordered=batch_invariant())
 
 
 def sample_from_probs(probs, uniforms) -> torch.Tensor:
@@ -204,7 +216,3 @@ def top_k_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, indices) of each row's k largest, largest first (equal values: lower index first in the mode)."""
     return ordered_top_k(x, k) if batch_invariant() else x.topk(k, dim=-1)
 
-
-def sort_rows_descending(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(values, indices) sorted down each row (stable in the mode: equal values keep their index order)."""
-    return x.sort(dim=-1, descending=True, stable=batch_invariant())

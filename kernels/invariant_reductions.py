@@ -14,6 +14,9 @@ order instead, using only elementwise adds (exact IEEE operations, the same on e
 
 import torch
 
+# Products the mode's elementwise references (linear_torch, paged_attention_torch) hold at once: 16 MiB of float32.
+BLOCK_ELEMENTS = 1 << 22
+
 
 def ordered_sum(x: torch.Tensor) -> torch.Tensor:
     """Sum over the last dim, in x's dtype, by the fixed pairwise tree. [..., n] -> [...]."""

@@ -15,9 +15,7 @@ make output bit-exact, and on a GPU it runs the Triton GEMM (kernels/linear_trit
 
 import torch
 
-from specsplit.kernels.invariant_reductions import ordered_sum
-
-_BLOCK_ELEMENTS = 1 << 22  # products held at once (16 MiB of float32)
+from specsplit.kernels.invariant_reductions import BLOCK_ELEMENTS, ordered_sum
 
 
 def linear_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -26,8 +24,8 @@ def linear_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     accumulate = torch.float64 if x.dtype == torch.float64 else torch.float32
     rows = x.reshape(-1, k)
     out = torch.empty(rows.shape[0], n, dtype=x.dtype, device=x.device)
-    cols_per_block = max(1, min(n, _BLOCK_ELEMENTS // max(k, 1)))
-    rows_per_block = max(1, _BLOCK_ELEMENTS // (cols_per_block * max(k, 1)))
+    cols_per_block = max(1, min(n, BLOCK_ELEMENTS // max(k, 1)))
+    rows_per_block = max(1, BLOCK_ELEMENTS // (cols_per_block * max(k, 1)))
     for c in range(0, n, cols_per_block):
         w = weight[c:c + cols_per_block].to(accumulate)
         b = bias[c:c + cols_per_block].to(accumulate) if bias is not None else None

@@ -22,13 +22,13 @@ goes (SiLU(gate) * up: gate and up as two accumulators over weight rows n and n 
 flag, so the plain instance compiles unchanged.
 """
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from specsplit.kernels.device import sm_count
 from specsplit.kernels.rounding_triton import cast_rtne
 
 # One row-tile should give about this many programs per SM before K is split (16-bit tiles of 64 x 64 x 64 with 4
@@ -128,17 +128,6 @@ def _reduce_splits_kernel(partial_ptr, bias_ptr, out_ptr, M, N, stride_om, SPLIT
     for s in tl.static_range(1, SPLIT_K):
         acc = acc + tl.load(partial_ptr + (s * M).to(tl.int64) * N + index, mask=mask, other=0.0)
     _finish(acc, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BIAS, INTERPRETER)
-
-
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
-    return 132  # the interpreter on the CPU: pretend to be an H100, so tests see the GPU's configurations
 
 
 def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,

@@ -15,7 +15,7 @@ Layouts (per layer):
     query_start_loc: [num_seqs + 1] int32, cumulative query counts
 GQA: query head `h` reads KV head `h // (num_heads // num_kv_heads)`.
 
-`batch_invariant` (the mode of kernels/dispatch.py): the padded batch above is shaped by the longest query and
+`ordered` (the batch-invariant mode of kernels/dispatch.py): the padded batch above is shaped by the longest query and
 context of the batch, and SDPA's blocking and reductions follow those shapes. In the mode a token's result depends
 on its own query and context only: its scores (over head_dim) and its weighted sum of values (over its positions,
 the positions after its own adding -0.0) by `ordered_sum`'s fixed trees in float32, and its softmax computed on
@@ -27,9 +27,7 @@ Slow; for the CPU only (the GPU runs the Triton kernel's own invariant mode).
 import torch
 import torch.nn.functional as F
 
-from specsplit.kernels.invariant_reductions import ordered_sum
-
-_BLOCK_ELEMENTS = 1 << 22  # the batch-invariant path's products held at once (tokens x heads x head_dim x context)
+from specsplit.kernels.invariant_reductions import BLOCK_ELEMENTS, ordered_sum
 
 
 def paged_attention_torch(
@@ -42,10 +40,10 @@ def paged_attention_torch(
     scale: float,
     max_query_len: int,
     max_seq_len: int,
-    batch_invariant: bool = False,
+    ordered: bool = False,
 ) -> torch.Tensor:
     """Gather each sequence's KV into a padded batch and run one masked SDPA call over all sequences."""
-    if batch_invariant:
+    if ordered:
         return _attention_fixed_order(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale)
     num_tokens, num_heads, head_dim = query.shape
     num_seqs = seq_lens.shape[0]
@@ -101,7 +99,7 @@ def _attention_fixed_order(query, key_cache, value_cache, block_tables, seq_lens
         values = value_cache[table].reshape(-1, num_kv_heads, head_dim)[:context].to(accumulate)
         keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)  # [heads, context, head_dim]
         values = values.repeat_interleave(group, dim=1).permute(1, 2, 0)  # [heads, head_dim, context]
-        step = max(1, _BLOCK_ELEMENTS // (num_heads * head_dim * context))
+        step = max(1, BLOCK_ELEMENTS // (num_heads * head_dim * context))  # tokens x heads x head_dim x context
         for lo in range(first, last, step):
             hi = min(lo + step, last)
             seen = torch.arange(context - (last - lo) + 1, context - (last - hi) + 1)  # each token's position + 1

@@ -15,7 +15,7 @@ How the work is cut:
   and log-sum-exp, and a second kernel merges them. The split count is chosen on the host from host ints
   (num_seqs, max_query_len, max_seq_len): no device sync.
 
-Batch-invariant mode (`batch_invariant=True`, kernels/dispatch.py): the choices above follow the batch (tile rows by
+Batch-invariant mode (`ordered=True`, kernels/dispatch.py): the choices above follow the batch (tile rows by
 the longest query, split count by the grid's size), so a decode row, the same row in a k+1 verification and in a
 prefill chunk add their KV in different orders. In the mode every call uses one tile shape (BLOCK_M = 64 rows: 8
 query tokens of a group of up to 8 heads, BLOCK_N = 64 keys) and a fixed split SIZE along the context
@@ -26,12 +26,12 @@ max, sum and accumulator as they were), and the merge adds the splits one after 
 number of empty splits after them (set by the batch's longest context) changes nothing.
 """
 
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
+from specsplit.kernels.device import sm_count
 from specsplit.kernels.rounding_triton import cast_rtne
 
 _LOG2E = 1.4426950408889634
@@ -42,7 +42,9 @@ _MAX_SPLITS = 128
 # sweep in bench/bench_kernels.py --sweep: 256 programs beat 320 or 512 on 132 SMs).
 _PROGRAMS_PER_SM = 2
 # The batch-invariant mode's split size along the context (a multiple of every BLOCK_N): short contexts run
-# unsplit as in the default mode; a 4k context is 16 splits at any batch size.
+# unsplit as in the default mode; a 4k context uses 16 splits at any batch size. The grid has cdiv(max_seq_len, 256)
+# splits, and under CUDA graphs max_seq_len is the graph's context class (up to max_model_len): the programs past a
+# tile's context return at once, writing nothing, and the merge stops at each token's own last split.
 INVARIANT_SPLIT_TOKENS = 256
 INVARIANT_BLOCK_M = 64
 
@@ -152,6 +154,9 @@ def _paged_attention_kernel(
             chunk = tl.cdiv(tl.cdiv(kv_end, num_splits), BLOCK_N) * BLOCK_N
         split_lo = tl.minimum(split * chunk, kv_end)
         split_hi = tl.minimum(split_lo + chunk, kv_end)
+        if FIXED_SPLIT > 0:
+            if split_lo >= kv_end:  # past the tile's context (the count follows the batch's longest): write nothing
+                return
     else:
         split_lo = 0
         split_hi = kv_end
@@ -203,7 +208,8 @@ def _merge_splits_kernel(
     BLOCK_D: tl.constexpr, HEAD_DIM: tl.constexpr, ORDERED: tl.constexpr, INTERPRETER: tl.constexpr,
 ):
     """out[t, h] = sum_s exp2(lse_s - max lse) out_s / sum_s exp2(lse_s - max lse), for BLOCK_H heads of token t.
-    ORDERED (batch-invariant): both sums split by split, in split order, empty splits (lse -inf) skipped."""
+    ORDERED (batch-invariant): both sums split by split, in split order, up to the token's last used split; empty
+    splits (lse -inf: past the token's position, or never written, part_lse being filled with -inf) skipped."""
     token = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     head_valid = heads < num_heads
@@ -217,7 +223,9 @@ def _merge_splits_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
     if ORDERED:
         weight_sum = tl.zeros([BLOCK_H], dtype=tl.float32)
-        for split in range(0, num_splits):
+        # The splits this token uses are a prefix: its position's, whatever the batch's longest context made num_splits.
+        used_splits = tl.max(tl.max(tl.where(lse > float("-inf"), splits[None, :] + 1, 0), axis=1), axis=0)
+        for split in range(0, used_splits):
             split_lse = tl.load(part_lse_ptr + base + split, mask=head_valid, other=float("-inf"))
             used = split_lse > float("-inf")
             weight = tl.exp2(split_lse - lse_max)
@@ -225,6 +233,7 @@ def _merge_splits_kernel(
                            mask=used[:, None], other=0.0)
             acc = tl.where(used[:, None], acc + part * weight[:, None], acc)
             weight_sum = tl.where(used, weight_sum + weight, weight_sum)
+        weight_sum = tl.where(used_splits > 0, weight_sum, 1.0)  # a padding token no sequence owns: zeros, not 0/0
     else:
         weight_sum = tl.sum(tl.exp2(lse - lse_max[:, None]), axis=1)
         for first in range(0, num_splits, SPLIT_TILE):
@@ -239,17 +248,6 @@ def _merge_splits_kernel(
     out_mask = head_valid[:, None] & (dims[None, :] < HEAD_DIM)
     tl.store(out_ptr + token * stride_ot + heads[:, None] * stride_oh + dims[None, :],
              cast_rtne(out, out_ptr.dtype.element_ty, INTERPRETER), mask=out_mask)
-
-
-@functools.cache
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
-    return 132  # the interpreter on the CPU: pretend to be an H100 so tests see the same choices
 
 
 def choose_tiles(max_query_len: int, group: int) -> tuple[int, int]:
@@ -289,13 +287,13 @@ def paged_attention_triton(
     num_warps: int | None = None,
     num_stages: int | None = None,
     out: torch.Tensor | None = None,
-    batch_invariant: bool = False,
+    ordered: bool = False,
     split_tokens: int = INVARIANT_SPLIT_TOKENS,
 ) -> torch.Tensor:
     """Same contract as `paged_attention_torch`. Keyword-only knobs for tests and benchmarks: force the split
     count or tile shape, or pass `out` ([num_tokens, num_heads, head_dim], query's dtype) to write into.
-    `batch_invariant`: the mode's fixed tiles and split size (the knobs must then be left unset); `split_tokens`, its
-    split size (tests use smaller ones to reach several splits with short contexts)."""
+    `ordered` (the batch-invariant mode): its fixed tiles and split size (the knobs must then be left unset);
+    `split_tokens`, its split size (tests use smaller ones to reach several splits with short contexts)."""
     num_tokens, num_heads, head_dim = query.shape
     num_seqs = seq_lens.shape[0]
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
@@ -307,7 +305,7 @@ def paged_attention_triton(
     assert key_cache.stride(3) == 1 and value_cache.stride(3) == 1 and query.stride(2) == 1 and out.stride(2) == 1
 
     fixed_split = 0
-    if batch_invariant:
+    if ordered:
         assert num_splits is None and block_n is None and num_warps is None, "the mode fixes the kernel's shape"
         assert split_tokens % 64 == 0, "a split is whole KV tiles"
         group_pad = triton.next_power_of_2(group)
@@ -319,7 +317,7 @@ def paged_attention_triton(
         block_q, block_m = choose_tiles(max_query_len, group)
     num_q_tiles = triton.cdiv(max(max_query_len, 1), block_q)
     if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, num_q_tiles, max_seq_len, _sm_count(query.device))
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, num_q_tiles, max_seq_len, sm_count(query.device))
     block_d = triton.next_power_of_2(head_dim)
     if block_n is None:
         block_n = 64 if block_m <= 64 and query.dtype != torch.float32 else 32
@@ -334,7 +332,11 @@ def paged_attention_triton(
 
     if num_splits > 1:
         part_out = torch.empty(num_tokens, num_heads, num_splits, block_d, dtype=torch.float32, device=query.device)
-        part_lse = torch.empty(num_tokens, num_heads, num_splits, dtype=torch.float32, device=query.device)
+        lse_shape = (num_tokens, num_heads, num_splits)
+        if ordered:  # the mode's kernel writes nothing for splits past a tile's context: -inf marks them unused
+            part_lse = torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=query.device)
+        else:
+            part_lse = torch.empty(lse_shape, dtype=torch.float32, device=query.device)
     else:
         part_out = part_lse = out  # unused
 
@@ -363,7 +365,7 @@ def paged_attention_triton(
         _merge_splits_kernel[(num_tokens, triton.cdiv(num_heads, block_h))](
             part_out, part_lse, out, out.stride(0), out.stride(1), num_heads, num_splits,
             SPLITS_PAD=splits_pad, SPLIT_TILE=min(splits_pad, 128 if on_gpu else 16), BLOCK_H=block_h,
-            BLOCK_D=block_d, HEAD_DIM=head_dim, ORDERED=batch_invariant, INTERPRETER=interpreter,
+            BLOCK_D=block_d, HEAD_DIM=head_dim, ORDERED=ordered, INTERPRETER=interpreter,
             num_warps=8 if splits_pad >= 64 else 4,
         )
     return out

@@ -38,15 +38,16 @@ Returns:
 
 import torch
 
+from specsplit.kernels.invariant_reductions import ordered_sum
 from specsplit.kernels.rejection_sampling import sample_from_probs_torch
 
 
-def typical_bound(probs: torch.Tensor, posterior_threshold, posterior_alpha, row_sum=None) -> torch.Tensor:
+def typical_bound(probs: torch.Tensor, posterior_threshold, posterior_alpha, ordered: bool = False) -> torch.Tensor:
     """min(threshold, alpha * exp(-entropy)) per row of probs [..., V] -> [...] float32 (0 log 0 counts as 0).
-    Parameters are floats or tensors broadcasting against the rows (on probs' device). `row_sum(x [..., V]) -> [...]`
-    sums the entropy's terms (torch's sum by default; the batch-invariant mode passes its fixed-order one)."""
+    Parameters are floats or tensors broadcasting against the rows (on probs' device). `ordered` (the
+    batch-invariant mode): the entropy's terms summed by `ordered_sum`'s fixed tree instead of torch's sum."""
     terms = torch.special.entr(probs.float())
-    entropy = row_sum(terms) if row_sum is not None else terms.sum(dim=-1)
+    entropy = ordered_sum(terms) if ordered else terms.sum(dim=-1)
     scaled = posterior_alpha * torch.exp(-entropy)
     if torch.is_tensor(posterior_threshold):
         return torch.minimum(scaled, posterior_threshold.to(scaled.dtype))
@@ -61,10 +62,10 @@ def typical_accept_torch(
     posterior_threshold,
     posterior_alpha,
     sample=sample_from_probs_torch,
-    row_sum=None,
+    ordered: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`sample(probs [N, V], uniforms [N]) -> [N]`: inverse-CDF sampling (the Triton one on a GPU, same result);
-    `row_sum`: as in `typical_bound`."""
+    `ordered`: as in `typical_bound`."""
     num_seqs, width, _ = target_probs.shape
     max_k = width - 1
     device = target_probs.device
@@ -75,7 +76,7 @@ def typical_accept_torch(
         p_of_draft = p_rows.gather(2, draft_token_ids[..., None]).squeeze(-1)
         threshold = posterior_threshold[:, None] if torch.is_tensor(posterior_threshold) else posterior_threshold
         alpha = posterior_alpha[:, None] if torch.is_tensor(posterior_alpha) else posterior_alpha
-        bound = typical_bound(p_rows, threshold, alpha, row_sum)
+        bound = typical_bound(p_rows, threshold, alpha, ordered)
         passed = (p_of_draft > bound) & (cols[:, :max_k] < num_draft[:, None])
         # Accepted prefix: passes up to the first failure (cumprod of 0/1 stays 1 only while every test passed).
         num_accepted = passed.to(torch.int64).cumprod(dim=1).sum(dim=1)

@@ -198,11 +198,12 @@ def add_batch_invariant_arg(p) -> None:
 
 
 def batch_invariant_argv(args) -> list[str]:
-    """What `serve` hands its workers: the flag, once the sizes it cannot serve are refused."""
+    """What `serve` hands its workers: the flag, once the sizes it cannot serve are refused (cli.main has switched
+    the mode on for this process already; the workers inherit it through the environment too, the flag keeps it
+    visible in their command lines)."""
     if not args.batch_invariant:
         return []
-    check_tensor_parallel_sizes({"target": args.target_tensor_parallel_size, "draft": args.draft_tensor_parallel_size},
-                                on=True)
+    check_tensor_parallel_sizes({"target": args.target_tensor_parallel_size, "draft": args.draft_tensor_parallel_size})
     return ["--batch-invariant"]
 
 

@@ -10,11 +10,11 @@ from specsplit.kernels.dispatch import batch_invariant
 from specsplit.services.errors import InvalidArgument
 
 
-def check_tensor_parallel_sizes(sizes: dict[str, int], on: bool | None = None) -> None:
-    """sizes: role -> tensor-parallel size. Raises InvalidArgument if the mode (`on`; None: the process's) is on and
-    any size is above 1."""
+def check_tensor_parallel_sizes(sizes: dict[str, int]) -> None:
+    """sizes: role -> tensor-parallel size. Raises InvalidArgument if the process's mode is on and any size is
+    above 1."""
     sharded = {role: size for role, size in sizes.items() if size > 1}
-    if (batch_invariant() if on is None else on) and sharded:
+    if batch_invariant() and sharded:
         shown = ", ".join(f"{role} {size}" for role, size in sharded.items())
         raise InvalidArgument(f"--batch-invariant needs tensor-parallel size 1 (got {shown}): the all-reduce between "
                               "shards sums in an order chosen by the batch's size")

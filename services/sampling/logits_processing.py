@@ -12,16 +12,17 @@ Both become one threshold per row, so the filter is fixed-shape tensor work (no 
 Greedy rows (temperature 0) become one-hot at the argmax, which makes greedy decoding a special case of the same
 rejection sampler (see kernels/rejection_sampling.py).
 
-The sort and the cumulative sum of top-p go through kernels/dispatch.py, which fixes their order in the
-batch-invariant mode; the softmax is torch's row kernel (one row per block on a GPU, per thread on the CPU: a row's
-result does not depend on the others).
+The cumulative sum of top-p goes through kernels/dispatch.py, which fixes its order in the batch-invariant mode. The
+sort needs no such care: only its values are read, and those do not depend on how it orders equal ones. The softmax
+is torch's row kernel (one row per block on a GPU, per thread on the CPU: a row's result does not depend on the
+others).
 """
 
 from dataclasses import dataclass
 
 import torch
 
-from specsplit.kernels.dispatch import cumsum_rows, sort_rows_descending
+from specsplit.kernels.dispatch import cumsum_rows
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ def processed_probs(
 
 def _kept_threshold(scaled, top_k, top_p, needs_top_k, needs_top_p) -> torch.Tensor:
     """The smallest scaled logit each row keeps: [N, 1]. Tokens at or above it survive both filters."""
-    sorted_logits = sort_rows_descending(scaled)[0]
+    sorted_logits = scaled.sort(dim=-1, descending=True).values
     vocab = scaled.shape[-1]
     threshold = torch.full_like(sorted_logits[:, :1], float("-inf"))
     if needs_top_k:

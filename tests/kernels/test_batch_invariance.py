@@ -2,12 +2,16 @@
 property itself for both: a row's output is bit for bit the same computed alone, in batches of other sizes, at
 other positions, in a k+1 verification or a prefill chunked another way."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from paged_batch_inputs import make_paged_batch, naive_attention, relative_error
-from specsplit.kernels import dispatch
+from specsplit.kernels import dispatch, typical_acceptance
 from specsplit.kernels.invariant_reductions import ordered_cumsum, ordered_sum, ordered_top_k
 from specsplit.kernels.linear import linear_torch
 from specsplit.kernels.linear_triton import GemmConfig, gemm_config, linear_triton
@@ -16,6 +20,7 @@ from specsplit.kernels.paged_attention_triton import paged_attention_triton
 from specsplit.kernels.rms_norm import add_rms_norm_torch
 from specsplit.kernels.rms_norm_triton import add_rms_norm_triton
 from specsplit.kernels.silu_mul import silu_mul_torch
+from specsplit.kernels.typical_acceptance import typical_bound
 
 DTYPES = [torch.float32, torch.bfloat16]
 
@@ -52,24 +57,32 @@ def test_ordered_top_k_breaks_ties_by_index(dtype):
 
 # -- the switch and the linear entry point ---------------------------------------------------------------------
 
-def test_switch_reads_the_environment_at_each_call(monkeypatch):
-    monkeypatch.setenv(dispatch.BATCH_INVARIANT_ENV, "0")  # so that monkeypatch restores it after the setter
-    monkeypatch.delenv(dispatch.BATCH_INVARIANT_ENV)
+def test_the_setter_switches_the_mode_and_hands_it_to_child_processes(monkeypatch):
+    monkeypatch.setattr(dispatch, "_MODE", False)  # both restored after the test
+    monkeypatch.setenv(dispatch.BATCH_INVARIANT_ENV, "0")
     assert not dispatch.batch_invariant()
     dispatch.set_batch_invariant(True)
-    assert dispatch.batch_invariant()
+    assert dispatch.batch_invariant() and os.environ[dispatch.BATCH_INVARIANT_ENV] == "1"
     dispatch.set_batch_invariant(False)
-    assert not dispatch.batch_invariant()
-    monkeypatch.setenv(dispatch.BATCH_INVARIANT_ENV, "yes")
-    with pytest.raises(ValueError, match="must be 0 or 1"):
-        dispatch.batch_invariant()
+    assert not dispatch.batch_invariant() and os.environ[dispatch.BATCH_INVARIANT_ENV] == "0"
+
+
+def test_the_environment_is_read_at_import_and_a_bad_value_refused(monkeypatch):
+    check = [sys.executable, "-c", "from specsplit.kernels.dispatch import batch_invariant; print(batch_invariant())"]
+    on = subprocess.run(check, env={**os.environ, dispatch.BATCH_INVARIANT_ENV: "1"}, capture_output=True, text=True)
+    assert on.stdout.strip() == "True", on.stderr
+    bad = subprocess.run(check, env={**os.environ, dispatch.BATCH_INVARIANT_ENV: "yes"}, capture_output=True, text=True)
+    assert bad.returncode != 0 and "must be 0 or 1, not 'yes'" in bad.stderr
+    for off in ("0", ""):
+        monkeypatch.setenv(dispatch.BATCH_INVARIANT_ENV, off)
+        assert dispatch._mode_from_environment() is False
 
 
 def test_linear_is_torchs_own_by_default_and_the_fixed_order_one_in_the_mode(monkeypatch, generator):
     x, w, b = torch.randn(6, 40, generator=generator), torch.randn(24, 40, generator=generator), torch.randn(24)
-    monkeypatch.setenv(dispatch.BATCH_INVARIANT_ENV, "0")
+    monkeypatch.setattr(dispatch, "_MODE", False)
     assert torch.equal(dispatch.linear(x, w, b), F.linear(x, w, b))
-    monkeypatch.setenv(dispatch.BATCH_INVARIANT_ENV, "1")
+    monkeypatch.setattr(dispatch, "_MODE", True)
     monkeypatch.setenv(dispatch.ENV_VAR, "torch")
     assert torch.equal(dispatch.linear(x, w, b), linear_torch(x, w, b))
 
@@ -153,11 +166,11 @@ def _attend(attention, cache, parts):
 
 
 def _triton_invariant(*args):
-    return paged_attention_triton(*args, batch_invariant=True, split_tokens=64)
+    return paged_attention_triton(*args, ordered=True, split_tokens=64)
 
 
 def _torch_invariant(*args):
-    return paged_attention_torch(*args, batch_invariant=True)
+    return paged_attention_torch(*args, ordered=True)
 
 
 @pytest.mark.parametrize("path, dtype", [("triton", torch.bfloat16), ("torch", torch.bfloat16),
@@ -189,34 +202,136 @@ def test_attention_invariant_modes_match_the_exact_attention(dtype, contexts, de
                              device, generator).to(dtype)
     want = naive_attention(batch)
     tolerance = 1e-5 if dtype == torch.float32 else 1.5e-2
-    assert relative_error(paged_attention_triton(*batch.args(), batch_invariant=True), want) < tolerance
+    assert relative_error(paged_attention_triton(*batch.args(), ordered=True), want) < tolerance
     cpu = batch.to(dtype)
     cpu_args = [a.cpu() if torch.is_tensor(a) else a for a in cpu.args()]
-    assert relative_error(paged_attention_torch(*cpu_args, batch_invariant=True), want) < tolerance
+    assert relative_error(paged_attention_torch(*cpu_args, ordered=True), want) < tolerance
+
+
+def test_attention_in_the_mode_ignores_splits_past_the_context(device, generator):
+    # Under CUDA graphs max_seq_len is the graph's context class (e.g. 2048 at max_model_len 32k), not the batch's
+    # longest context: the splits past each tile's context must write nothing and the merge stop at the token's own
+    # last split, with the same bits as a call sized by the real contexts.
+    batch = make_paged_batch([1, 5, 3, 7], [300, 40, 200, 7], HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, torch.float32,
+                             device, generator).to(torch.bfloat16)
+    *args, max_query_len, max_seq_len = batch.args()
+    padded_query = torch.cat([batch.query, torch.randn_like(batch.query[:3])])  # 3 padding tokens no sequence owns
+    sized = paged_attention_triton(*args, max_query_len, max_seq_len, ordered=True, split_tokens=64)  # 5 splits
+    graph_class = paged_attention_triton(padded_query, *args[1:], max_query_len, 2048, ordered=True,
+                                         split_tokens=64)  # 32 splits
+    assert torch.equal(graph_class[:-3], sized)
+    assert torch.equal(graph_class[-3:], torch.zeros_like(graph_class[-3:]))
+    assert relative_error(sized, naive_attention(batch)) < 1.5e-2
 
 
 # -- RMSNorm and SiLU -------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rms_norm_rows_are_invariant(dtype, device, generator):
-    # Each row carries its residual beside it: [x | residual].
-    rows = torch.randn(70, 2 * 96, generator=generator).to(dtype)
-    weight = torch.randn(96, generator=generator).to(dtype)
-
-    def ordered(r):
-        return add_rms_norm_torch(r[:, :96], r[:, 96:], weight, 1e-6, ordered=True)[0]
+    # Each row carries its residual beside it: [x | residual]. 70 x 96 for the one-program-per-row GPU kernel; the
+    # ordered reference at 32 x 40000, above torch's parallel grain: a row alone has its sum split over threads, a row
+    # of the batch does not (in float32 that changes about one row in four here).
+    def ordered(width):
+        return lambda r: add_rms_norm_torch(r[:, :width], r[:, width:], weight[:width], 1e-6, ordered=True)[0]
 
     def on_device(r):
         r = r.to(device)
-        return add_rms_norm_triton(r[:, :96], r[:, 96:], weight.to(device), 1e-6)[0]
+        return add_rms_norm_triton(r[:, :96], r[:, 96:], weight[:96].to(device), 1e-6)[0]
 
-    got = _row_invariance(ordered, rows)
-    default = add_rms_norm_torch(rows[:, :96], rows[:, 96:], weight, 1e-6)[0]
+    wide = torch.randn(32, 2 * 40000, generator=generator).to(dtype)
+    weight = torch.randn(40000, generator=generator).to(dtype)
+    got = _row_invariance(ordered(40000), wide, rows=range(32))
+    default = add_rms_norm_torch(wide[:, :40000], wide[:, 40000:], weight, 1e-6)[0]
     torch.testing.assert_close(got, default, rtol=1e-2, atol=1e-2)
-    _row_invariance(on_device, rows)
+    _row_invariance(on_device, torch.randn(70, 2 * 96, generator=generator).to(dtype))
 
 
-def test_silu_mul_row_by_row_is_invariant_and_equals_the_batched_values(generator):
-    gate_up = torch.randn(70, 256, generator=generator).to(torch.bfloat16)
-    full = _row_invariance(lambda rows: silu_mul_torch(rows, row_by_row=True), gate_up)
-    torch.testing.assert_close(full, silu_mul_torch(gate_up), rtol=1e-2, atol=1e-2)
+def test_silu_mul_ordered_is_invariant_and_equals_the_batched_values(generator):
+    # 16 x 40003 float32: above torch's parallel grain, so the default cuts rows between threads' chunks, and an odd
+    # width, so the cut falls at another SIMD alignment alone than in the batch (some rows differ in the last bit).
+    gate_up = 4 * torch.randn(16, 2 * 40003, generator=generator)
+    full = _row_invariance(lambda rows: silu_mul_torch(rows, ordered=True), gate_up, rows=range(16))
+    torch.testing.assert_close(full, silu_mul_torch(gate_up), rtol=1e-6, atol=1e-6)
+
+
+# -- the mode against the default, through dispatch, on this machine's CPU ---------------------------------------
+# Each case is a shape where torch's own CPU kernel gives some row other bits alone than in the batch (on a 2-thread
+# x86 machine: linear in every row, RMSNorm and SiLU where a thread's chunk cuts a row). The mode must give every row
+# its alone bits there; the default is checked to differ, so that the first check is known to decide something here
+# (skipped, and only that check, on a machine whose default happens to be invariant at these shapes).
+
+def _linear_case(generator):
+    x, w = torch.randn(33, 1024, generator=generator), torch.randn(48, 1024, generator=generator)
+    return lambda rows: dispatch.linear(rows, w), x
+
+
+def _rms_norm_case(generator):
+    x, weight = torch.randn(32, 2 * 40000, generator=generator), torch.randn(40000, generator=generator)
+    return lambda rows: dispatch.add_rms_norm(rows[:, :40000], rows[:, 40000:], weight, 1e-6)[0], x
+
+
+def _silu_mul_case(generator):
+    return dispatch.silu_mul, 4 * torch.randn(16, 2 * 40003, generator=generator)
+
+
+CONTRAST_CASES = {"linear": _linear_case, "rms_norm": _rms_norm_case, "silu_mul": _silu_mul_case}
+
+
+def _rows_unlike_alone(fn, x) -> list[int]:
+    full = fn(x)
+    return [r for r in range(x.shape[0]) if not torch.equal(fn(x[r:r + 1])[0], full[r])]
+
+
+@pytest.mark.parametrize("case", CONTRAST_CASES)
+def test_the_mode_gives_every_row_its_alone_bits_on_the_cpu(case, monkeypatch):
+    monkeypatch.setenv(dispatch.ENV_VAR, "torch")
+    monkeypatch.setattr(dispatch, "_MODE", True)
+    fn, x = CONTRAST_CASES[case](torch.Generator().manual_seed(30))
+    assert _rows_unlike_alone(fn, x) == []
+
+
+@pytest.mark.parametrize("case", CONTRAST_CASES)
+def test_the_default_is_not_row_invariant_at_the_same_shapes(case, monkeypatch):
+    monkeypatch.setenv(dispatch.ENV_VAR, "torch")
+    monkeypatch.setattr(dispatch, "_MODE", False)
+    fn, x = CONTRAST_CASES[case](torch.Generator().manual_seed(30))
+    if not _rows_unlike_alone(fn, x):
+        pytest.skip(f"torch's default {case} is already row-invariant at this shape on this machine")
+
+
+# -- typical acceptance (lossy, opt-in; the mode makes it batch-invariant too) ----------------------------------
+
+def _typical_case():
+    # k = 1 over a 40003-token vocabulary: one entropy row per sequence, which torch's default sum splits over threads
+    # when the row is alone and not in a batch (the contrast below).
+    generator = torch.Generator().manual_seed(30)
+    probs = torch.softmax(3 * torch.randn(8, 2, 40003, generator=generator), dim=-1)
+    drafts = probs[:, 0].argmax(-1, keepdim=True)
+    drafts[::2] = torch.randint(0, 40003, (4, 1), generator=generator)  # half the proposals fail
+    return probs, drafts, torch.ones(8, dtype=torch.int64), torch.rand(8, 2, generator=generator)
+
+
+def _bound_rows_unlike_alone(probs, ordered: bool) -> list[int]:
+    bound = typical_bound(probs[:, :1], 0.09, 0.3, ordered)
+    return [r for r in range(8) if not torch.equal(typical_bound(probs[r:r + 1, :1], 0.09, 0.3, ordered)[0], bound[r])]
+
+
+def test_typical_acceptance_in_the_mode_gives_a_row_its_alone_result(monkeypatch):
+    monkeypatch.setenv(dispatch.ENV_VAR, "torch")
+    monkeypatch.setattr(dispatch, "_MODE", True)
+    entropy_sums = []
+    monkeypatch.setattr(typical_acceptance, "ordered_sum", lambda x: entropy_sums.append(x.shape) or ordered_sum(x))
+    probs, drafts, num_draft, uniforms = _typical_case()
+    tokens, accepted = dispatch.typical_accept(probs, drafts, num_draft, uniforms, 0.09, 0.3)
+    assert entropy_sums, "the mode's typical acceptance must sum the entropy in the fixed order"
+    assert accepted.tolist() == [0, 1] * 4
+    for r in range(8):
+        alone = dispatch.typical_accept(probs[r:r + 1], drafts[r:r + 1], num_draft[r:r + 1], uniforms[r:r + 1], 0.09,
+                                        0.3)
+        assert torch.equal(alone[0][0], tokens[r]) and torch.equal(alone[1][0], accepted[r]), f"row {r}"
+    assert _bound_rows_unlike_alone(probs, ordered=True) == []  # the bits the acceptance test compares against
+
+
+def test_the_default_entropy_sum_is_not_row_invariant_at_the_same_shape():
+    if not _bound_rows_unlike_alone(_typical_case()[0], ordered=False):
+        pytest.skip("torch's default entropy sum is already row-invariant at this shape on this machine")

@@ -1,12 +1,18 @@
 """The batch-invariant mode on the CPU (the torch references), bf16, tiny models: greedy speculative output equals
 target-only output alone at batch 1, 8 and 32 with a close and an unrelated draft, with mixed k, catch-ups and
 sequences joining mid-batch, and under adaptive speculation; seeded sampled requests get their tokens alone at any
-batch. The same checks run on a GPU in tests/services/test_gpu_engine.py."""
+batch. The same checks run on a GPU in tests/services/test_gpu_engine.py.
+
+On this CPU the default mode passes these scenarios too (the tiny flat models meet no near-tie that the default's
+batch-dependent rounding flips), so here they guard the mode's own kernels and scheduling only: that the mode runs
+end to end and keeps its promise. What shows the mode is needed and switched on is the kernel-level contrast in
+tests/kernels/test_batch_invariance.py (the default linear, RMSNorm and SiLU differ alone vs batched at its shapes,
+the mode's do not); the engine-level evidence is the GPU tests, where the default does break."""
 
 import pytest
 
 from invariance_scenarios import PROMPTS, alone, check_greedy, check_seeded, greedy, run, save_flat_pair
-from specsplit.kernels.dispatch import BATCH_INVARIANT_ENV
+from specsplit.kernels import dispatch
 from specsplit.services.errors import InvalidArgument
 from specsplit.services.local_engine import LocalEngine
 from specsplit.services.models.loader import load_model
@@ -19,7 +25,7 @@ BATCHES = (1, 8, 32)
 @pytest.fixture(scope="module", autouse=True)
 def batch_invariant_mode():
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(BATCH_INVARIANT_ENV, "1")
+        patch.setattr(dispatch, "_MODE", True)
         yield
 
 

@@ -7,6 +7,7 @@ import pytest
 
 from invariance_scenarios import save_flat_pair
 from specsplit.cli import build_parser, main
+from specsplit.kernels import dispatch
 from specsplit.kernels.dispatch import BATCH_INVARIANT_ENV, batch_invariant
 from specsplit.services.errors import InvalidArgument
 from specsplit.services.rpc.worker_process import build_worker_service
@@ -20,7 +21,8 @@ def test_the_flag_is_on_every_command_that_runs_models(argv):
     assert build_parser().parse_args([*argv, "--batch-invariant"]).batch_invariant
 
 
-def test_serve_hands_it_to_its_workers_and_refuses_sharded_models():
+def test_serve_hands_it_to_its_workers_and_refuses_sharded_models(monkeypatch):
+    monkeypatch.setattr(dispatch, "_MODE", True)  # as cli.main leaves it for --batch-invariant
     assert batch_invariant_argv(build_parser().parse_args(["serve"])) == []
     assert batch_invariant_argv(build_parser().parse_args(["serve", "--batch-invariant"])) == ["--batch-invariant"]
     sharded = build_parser().parse_args(["serve", "--batch-invariant", "--target-tensor-parallel-size", "2"])
@@ -29,13 +31,14 @@ def test_serve_hands_it_to_its_workers_and_refuses_sharded_models():
 
 
 def test_a_worker_refuses_sharding_in_the_mode(monkeypatch):
-    monkeypatch.setenv(BATCH_INVARIANT_ENV, "1")
+    monkeypatch.setattr(dispatch, "_MODE", True)
     with pytest.raises(InvalidArgument, match=r"tensor-parallel size 1 \(got target 2\)"):
         build_worker_service("target", "no-such-model", tensor_parallel_size=2)
 
 
 def test_generate_local_runs_in_the_mode(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv(BATCH_INVARIANT_ENV, "0")  # restored after the test; main switches it on
+    monkeypatch.setattr(dispatch, "_MODE", False)  # both restored after the test; main switches them on
+    monkeypatch.setenv(BATCH_INVARIANT_ENV, "0")
     pair = save_flat_pair(tmp_path)
     outputs = {}
     for k in (0, 4):

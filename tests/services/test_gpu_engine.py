@@ -13,7 +13,8 @@ import torch
 
 from invariance_scenarios import PROMPTS as INVARIANCE_PROMPTS
 from invariance_scenarios import alone, check_greedy, check_seeded, greedy, run, save_flat_pair
-from specsplit.kernels.dispatch import BATCH_INVARIANT_ENV, use_triton
+from specsplit.kernels import dispatch
+from specsplit.kernels.dispatch import use_triton
 from specsplit.services.local_engine import LocalEngine
 from specsplit.services.sampling_params import SamplingParams
 from engine_runs import generate_tokens
@@ -76,7 +77,7 @@ def test_sampling_on_gpu_is_seeded_and_runs(tiny_pair):
 @pytest.mark.parametrize("invariant", [False, True], ids=["default", "batch-invariant"])
 def test_bf16_greedy_match_rate_is_reported(tiny_pair, cpu_reference, record_property, monkeypatch, invariant):
     """Both modes record the match rates; the batch-invariant mode asserts speculative == target-only."""
-    monkeypatch.setenv(BATCH_INVARIANT_ENV, "1" if invariant else "0")
+    monkeypatch.setattr(dispatch, "_MODE", invariant)
     engine = LocalEngine(tiny_pair["target"], tiny_pair["close"], num_speculative_tokens=4, dtype="bfloat16",
                          device="cuda")
     target_only, speculative = generate(engine, 0), generate(engine, 4)
@@ -255,7 +256,7 @@ def flat_pair(tmp_path_factory):
 def invariant_reference(flat_pair):
     """bf16 target-only greedy tokens of every prompt alone, in the batch-invariant mode (graphs on)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(BATCH_INVARIANT_ENV, "1")
+        patch.setattr(dispatch, "_MODE", True)
         engine = LocalEngine(flat_pair["target"], None, num_speculative_tokens=0, dtype="bfloat16", device="cuda")
         prompts = INVARIANCE_PROMPTS[:max(INVARIANT_BATCHES)]
         return alone(engine, [(p, greedy(INVARIANT_MAX_TOKENS, 0)) for p in prompts])
@@ -264,7 +265,7 @@ def invariant_reference(flat_pair):
 @pytest.mark.parametrize("draft", ["close", "unrelated"])
 def test_batch_invariant_bf16_greedy_speculation_equals_target_only_alone(flat_pair, invariant_reference, draft,
                                                                           monkeypatch):
-    monkeypatch.setenv(BATCH_INVARIANT_ENV, "1")
+    monkeypatch.setattr(dispatch, "_MODE", True)
     engine = LocalEngine(flat_pair["target"], flat_pair[draft], num_speculative_tokens=4, dtype="bfloat16",
                          device="cuda", speculation="fixed")
     assert engine.target_runner.graphs is not None
@@ -279,16 +280,15 @@ def test_batch_invariant_bf16_greedy_speculation_equals_target_only_alone(flat_p
 
 
 def test_batch_invariant_bf16_seeded_sampling_does_not_depend_on_the_batch(flat_pair, monkeypatch):
-    monkeypatch.setenv(BATCH_INVARIANT_ENV, "1")
+    monkeypatch.setattr(dispatch, "_MODE", True)
     engine = LocalEngine(flat_pair["target"], flat_pair["close"], num_speculative_tokens=4, dtype="bfloat16",
                          device="cuda", speculation="fixed")
     check_seeded(engine, batch=32, max_tokens=INVARIANT_MAX_TOKENS)
 
 
-def test_default_mode_bf16_match_rate_on_flat_models_is_reported(flat_pair, invariant_reference, record_property,
-                                                                 monkeypatch):
+def test_default_mode_bf16_match_rate_on_flat_models_is_reported(flat_pair, record_property, monkeypatch):
     """The contrast (recorded, not asserted): the same flat models in the default mode, batch 32, k = 4."""
-    monkeypatch.setenv(BATCH_INVARIANT_ENV, "0")
+    monkeypatch.setattr(dispatch, "_MODE", False)
     engine = LocalEngine(flat_pair["target"], flat_pair["unrelated"], num_speculative_tokens=4, dtype="bfloat16",
                          device="cuda", speculation="fixed")
     got = run(engine, [(p, greedy(INVARIANT_MAX_TOKENS, 4)) for p in INVARIANCE_PROMPTS[:32]])
