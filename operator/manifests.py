@@ -151,9 +151,10 @@ def worker_command(role: str, model: str, tensor_parallel_size: int, tls: Intern
 
 
 def colocated_target_command(spec: DeploymentSpec, model: str, tensor_parallel_size: int) -> list[str]:
-    """`specsplit target --coordinate`: the target's flags, then its coordinator's (grpc_security.colocated_args)."""
+    """`specsplit target --coordinate`: the target's flags, then its coordinator's (grpc_security.colocated_args).
+    No round channel: its one coordinator calls it in-process, and a listener nothing calls is only exposure."""
     return [
-        *_worker_flags(naming.TARGET, model, tensor_parallel_size, spec.batch_invariant),
+        *_worker_flags(naming.TARGET, model, tensor_parallel_size, spec.batch_invariant, round_port=-1),
         "--coordinate",
         "--coordinator-port", str(naming.COLOCATED_GRPC_PORT),
         "--coordinator-metrics-port", str(naming.COLOCATED_METRICS_PORT),
@@ -163,9 +164,11 @@ def colocated_target_command(spec: DeploymentSpec, model: str, tensor_parallel_s
     ]
 
 
-def _worker_flags(role: str, model: str, tensor_parallel_size: int, batch_invariant: bool) -> list[str]:
+def _worker_flags(role: str, model: str, tensor_parallel_size: int, batch_invariant: bool,
+                  round_port: int = naming.ROUND_PORT) -> list[str]:
+    """`round_port` -1: none (the CLI's "rounds over gRPC")."""
     source = draft_flags(model) if role == naming.DRAFT else ["--model", model]
-    command = ["specsplit", role, *source, "--port", str(naming.GRPC_PORT), "--round-port", str(naming.ROUND_PORT),
+    command = ["specsplit", role, *source, "--port", str(naming.GRPC_PORT), "--round-port", str(round_port),
                "--metrics-port", str(naming.METRICS_PORT), "--metrics-host", "0.0.0.0"]
     if tensor_parallel_size > 1:  # one process per GPU of the pod; this one serves as rank 0
         command += ["--tensor-parallel-size", str(tensor_parallel_size)]
@@ -202,19 +205,19 @@ def worker_deployment(instance: str, spec: DeploymentSpec, component: str, role:
         # NCCL between the shards of one pod needs more shared memory than the container default (64 MiB).
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
-    ports = [{"name": "round", "containerPort": naming.ROUND_PORT, "protocol": "TCP"}]
     if component == naming.TARGET and spec.coordinator.colocated:
         command = colocated_target_command(spec, model, role.tensor_parallel_size)
         config_volumes, config_mounts = _variants_file_volume(instance)
         volumes, mounts = volumes + config_volumes, mounts + config_mounts
         secret_volumes, secret_mounts = grpc_security.coordinator_volumes(spec.coordinator, spec.tls,
                                                                           spec.worker_auth_secret_name)
-        ports += _colocated_coordinator_ports(spec)
+        ports = _colocated_coordinator_ports(spec)  # no round channel: see colocated_target_command
         probe = grpc_security.health_check(tls_served=spec.coordinator.tls_secret_name is not None,
                                            port=naming.COLOCATED_GRPC_PORT)
     else:
         command = worker_command(command_role, model, role.tensor_parallel_size, spec.tls,
                                  spec.worker_auth_secret_name, spec.batch_invariant)
+        ports = [{"name": "round", "containerPort": naming.ROUND_PORT, "protocol": "TCP"}]
         secret_volumes, secret_mounts = grpc_security.worker_volumes(spec.tls, spec.worker_auth_secret_name)
         probe = grpc_security.health_check(tls_served=spec.tls is not None)
     resources = role.resources

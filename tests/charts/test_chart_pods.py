@@ -80,14 +80,14 @@ def test_worker_pods_are_probed_over_grpc_health_or_tcp_under_tls(value_set):
             assert {"grpc", "tcpSocket"} & set(container[probe]) == {handler}, f"{name}: {probe}"
         if component == "coordinator":  # the OpenAI-compatible API beside gRPC
             expected = {"grpc": 50051, "metrics": 9090, "http": 8000}
-        else:  # every worker takes rounds on its round channel too; a co-located target serves the coordinator's
+        elif _colocated(values, component):  # the coordinator's ports; no round channel (called in-process)
+            expected = {"grpc": 50051, "metrics": 9090, "coord-grpc": 50050, "http": 8000, "coord-metrics": 9091}
+        else:  # every other worker takes rounds on its round channel too
             expected = {"grpc": 50051, "metrics": 9090, "round": 50061}
-            if _colocated(values, component):
-                expected |= {"coord-grpc": 50050, "http": 8000, "coord-metrics": 9091}
         assert {p["name"]: p["containerPort"] for p in container["ports"]} == expected, name
         assert ("--round-port" in container["command"]) is (component != "coordinator"), name
         if component != "coordinator":
-            assert _args(container)["--round-port"] == "50061", name
+            assert _args(container)["--round-port"] == ("-1" if _colocated(values, component) else "50061"), name
 
 
 def _by_component(value_set: str) -> dict[str, dict]:
