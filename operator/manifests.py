@@ -26,6 +26,9 @@ from specsplit.operator.draft_source import draft_flags, is_ngram
 from specsplit.operator.spec import DeploymentSpec, InternalTLS, Resources, RoleSpec
 
 GPU_RESOURCE = "nvidia.com/gpu"
+# A coordinator spins (`--spin-wait auto`) only where its pod requests a core for the spinning loop and one for the
+# rest of its work: auto alone counts the node's CPUs, which a pod's request does not narrow.
+SPIN_WAIT_MIN_CORES = 2
 RUN_AS_USER = 10001  # the image's own user (the Dockerfile's USER), which owns /models in it
 
 
@@ -132,15 +135,27 @@ def coordinator_command(instance: str, spec: DeploymentSpec) -> list[str]:
         "--port", str(naming.GRPC_PORT),
         "--metrics-port", str(naming.METRICS_PORT),
         "--metrics-host", "0.0.0.0",  # scraped from other pods; the NetworkPolicy admits only the scrapers
-        *_coordinating_flags(spec),
+        *_coordinating_flags(spec, spec.coordinator.resources),
         *grpc_security.coordinator_args(spec.coordinator, spec.tls, spec.worker_auth_secret_name),
     ]
 
 
-def _coordinating_flags(spec: DeploymentSpec) -> list[str]:
-    """What a coordinator is told wherever it runs (its own pod, or a target's)."""
+def _coordinating_flags(spec: DeploymentSpec, resources: Resources, busy_cores: int = 0) -> list[str]:
+    """What a coordinator is told wherever it runs (its own pod, or a target's, of those `resources`, where
+    `busy_cores` other cores poll: the tensor-parallel ranks past the first)."""
+    spin = [] if _requested_cores(resources) >= SPIN_WAIT_MIN_CORES + busy_cores else ["--spin-wait", "off"]
     return ["--http-port", str(naming.HTTP_PORT if spec.coordinator.http_port else -1),
-            "--num-speculative-tokens", str(spec.num_speculative_tokens)]
+            "--num-speculative-tokens", str(spec.num_speculative_tokens), *spin]
+
+
+def _requested_cores(resources: Resources) -> float:
+    """The CPU the scheduler sets aside for the pod (its request; the limit where only that is given, as Kubernetes
+    defaults it); 0 where none is set, or the quantity is not a plain or milli-core one."""
+    quantity = resources.requests.get("cpu", resources.limits.get("cpu", "0"))
+    try:
+        return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+    except ValueError:
+        return 0.0
 
 
 def worker_command(role: str, model: str, tensor_parallel_size: int, tls: InternalTLS | None = None,
@@ -159,7 +174,7 @@ def colocated_target_command(spec: DeploymentSpec, model: str, tensor_parallel_s
         "--coordinator-port", str(naming.COLOCATED_GRPC_PORT),
         "--coordinator-metrics-port", str(naming.COLOCATED_METRICS_PORT),
         "--draft-variants-file", f"{naming.CONFIG_DIR}/{naming.VARIANTS_KEY}",
-        *_coordinating_flags(spec),
+        *_coordinating_flags(spec, spec.target.resources, busy_cores=tensor_parallel_size - 1),
         *grpc_security.colocated_args(spec.coordinator, spec.tls, spec.worker_auth_secret_name),
     ]
 

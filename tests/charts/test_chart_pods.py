@@ -290,3 +290,12 @@ def test_batch_invariance_reaches_every_model_pool_and_only_them():
     assert "batchInvariant" not in speculative_deployment(render({}))["spec"]
     assert all("--batch-invariant" not in p["containers"][0].get("command", [])
                for p in _by_component("defaults").values())
+
+
+def test_coordinators_spin_only_where_the_chart_requests_the_cores():
+    """The coordinator's default request (500m) sets aside no core for spinning while it awaits a round: off. The
+    co-located coordinator shares the target's (4 cores): auto."""
+    (coordinator,) = _by_component("defaults")["coordinator"]["containers"]
+    assert _args(coordinator)["--spin-wait"] == "off"
+    (target,) = _by_component("colocated")["target"]["containers"]
+    assert "--spin-wait" not in target["command"]
