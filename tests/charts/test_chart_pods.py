@@ -133,16 +133,23 @@ def test_one_gpu_pools_are_placed_by_their_own_node_selectors():
 
 
 def test_tensor_parallel_target_gets_its_gpus_and_shared_memory():
-    pods = _by_component("tp2-target")
+    """The README's example: a target sharded over two GPUs of each pod (one process per GPU), beside one-GPU,
+    one-process draft pods."""
+    pods = _by_component("tp2-big-target-one-gpu-draft")
     target = pods["target"]
     (container,) = target["containers"]
-    assert container["resources"]["limits"][GPU] == "2"
+    assert container["resources"]["limits"][GPU] == container["resources"]["requests"][GPU] == "2"
     command = container["command"]
+    assert command[:4] == ["specsplit", "target", "--model", "/models/llama-3.3-70b-instruct"]
     assert command[command.index("--tensor-parallel-size") + 1] == "2"
+    assert target["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
     shm = {v["name"]: v for v in target["volumes"]}["dshm"]
     assert shm["emptyDir"]["medium"] == "Memory"
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
     # Only the sharded pool needs it.
+    (draft,) = pods["draft"]["containers"]
+    assert draft["resources"]["limits"][GPU] == draft["resources"]["requests"][GPU] == "1"
+    assert "--tensor-parallel-size" not in draft["command"]
     assert all(v["name"] != "dshm" for v in pods["draft"]["volumes"])
 
 
