@@ -166,8 +166,13 @@ def worker_command(role: str, model: str, tensor_parallel_size: int, tls: Intern
 
 
 def colocated_target_command(spec: DeploymentSpec, model: str, tensor_parallel_size: int) -> list[str]:
-    """`specsplit target --coordinate`: the target's flags, then its coordinator's (grpc_security.colocated_args).
-    No round channel: its one coordinator calls it in-process, and a listener nothing calls is only exposure."""
+    """`specsplit target --coordinate`: the target's flags, then its coordinator's, security included.
+    No round channel: its one coordinator calls it in-process, and a listener nothing calls is only exposure.
+    The process serves one certificate on all its ports, and their clients are the public API's: so the public TLS,
+    never a client CA (public clients have no certificate of the internal CA); internal TLS secures the calls to the
+    draft pools. The target's own worker ports have no caller outside the pod: its `--worker-secret-file` (one flag
+    for both sides) makes them require the workers' secret; without one they listen on loopback only (no
+    --allow-unauthenticated)."""
     return [
         *_worker_flags(naming.TARGET, model, tensor_parallel_size, spec.batch_invariant, round_port=-1),
         "--coordinate",
@@ -175,7 +180,7 @@ def colocated_target_command(spec: DeploymentSpec, model: str, tensor_parallel_s
         "--coordinator-metrics-port", str(naming.COLOCATED_METRICS_PORT),
         "--draft-variants-file", f"{naming.CONFIG_DIR}/{naming.VARIANTS_KEY}",
         *_coordinating_flags(spec, spec.target.resources, busy_cores=tensor_parallel_size - 1),
-        *grpc_security.colocated_args(spec.coordinator, spec.tls, spec.worker_auth_secret_name),
+        *grpc_security.coordinator_args(spec.coordinator, spec.tls, spec.worker_auth_secret_name),
     ]
 
 
