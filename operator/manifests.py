@@ -30,6 +30,10 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # rest of its work: auto alone counts the node's CPUs, which a pod's request does not narrow.
 SPIN_WAIT_MIN_CORES = 2
 RUN_AS_USER = 10001  # the image's own user (the Dockerfile's USER), which owns /models in it
+# Startup probes every 10 s: 600 s for a model to load; co-located, 300 s more, as long as the coordinator waits for
+# the draft pools before it opens its probed port (coordinator/process.py, connect_timeout).
+STARTUP_FAILURES = 60
+COLOCATED_STARTUP_FAILURES = STARTUP_FAILURES + 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,12 +238,14 @@ def worker_deployment(instance: str, spec: DeploymentSpec, component: str, role:
         ports = _colocated_coordinator_ports(spec)  # no round channel: see colocated_target_command
         probe = grpc_security.health_check(tls_served=spec.coordinator.tls_secret_name is not None,
                                            port=naming.COLOCATED_GRPC_PORT)
+        startup_failures = COLOCATED_STARTUP_FAILURES
     else:
         command = worker_command(command_role, model, role.tensor_parallel_size, spec.tls,
                                  spec.worker_auth_secret_name, spec.batch_invariant)
         ports = [{"name": "round", "containerPort": naming.ROUND_PORT, "protocol": "TCP"}]
         secret_volumes, secret_mounts = grpc_security.worker_volumes(spec.tls, spec.worker_auth_secret_name)
         probe = grpc_security.health_check(tls_served=spec.tls is not None)
+        startup_failures = STARTUP_FAILURES
     resources = role.resources
     if command_role == naming.DRAFT and is_ngram(model):  # no model: no GPU, whatever the model draft pool takes
         resources = dataclasses.replace(resources, gpus=0)
@@ -247,7 +253,7 @@ def worker_deployment(instance: str, spec: DeploymentSpec, component: str, role:
                        resources=resources, extra_volumes=volumes + secret_volumes,
                        extra_mounts=mounts + secret_mounts, health_check=probe,
                        node_selector=role.node_selector, tolerations=role.tolerations, affinity=role.affinity,
-                       extra_env=role.env, extra_ports=ports)
+                       extra_env=role.env, extra_ports=ports, startup_failures=startup_failures)
 
 
 def _colocated_coordinator_ports(spec: DeploymentSpec) -> list[dict[str, Any]]:
@@ -296,7 +302,8 @@ def _deployment(instance: str, spec: DeploymentSpec, component: str, *, replicas
                 health_check: dict[str, Any], node_selector: Mapping[str, str] | None = None,
                 tolerations: tuple[Mapping[str, Any], ...] = (), affinity: Mapping[str, Any] | None = None,
                 extra_env: tuple[Mapping[str, Any], ...] = (),
-                extra_ports: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                extra_ports: list[dict[str, Any]] | None = None,
+                startup_failures: int = STARTUP_FAILURES) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": component,
         "image": spec.image,
@@ -309,7 +316,7 @@ def _deployment(instance: str, spec: DeploymentSpec, component: str, *, replicas
         "env": _environment(component, spec, extra_env),
         "resources": _resource_requirements(resources),
         # Loading a model can take minutes; the startup probe holds liveness off until the server is up.
-        "startupProbe": {**health_check, "periodSeconds": 10, "failureThreshold": 60},
+        "startupProbe": {**health_check, "periodSeconds": 10, "failureThreshold": startup_failures},
         "readinessProbe": {**health_check, "periodSeconds": 5, "failureThreshold": 3},
         "livenessProbe": {**health_check, "periodSeconds": 10, "failureThreshold": 6},
         "securityContext": {

@@ -72,6 +72,8 @@ def test_no_coordinator_deployment_and_the_target_pods_run_it() -> None:
         "grpc": 50051, "metrics": 9090, "coord-grpc": 50050, "http": 8000, "coord-metrics": 9091}
     for probe in PROBES:  # ready once the coordinator serves, not merely the target
         assert container[probe]["grpc"] == {"port": 50050}, probe
+    # The model's load (600 s, as a separate target's), then up to 300 s waiting for the drafts, before it serves.
+    assert container["startupProbe"]["periodSeconds"] * container["startupProbe"]["failureThreshold"] == 900
     env = {variable["name"]: variable.get("value") for variable in container["env"]}
     assert env["OTEL_SERVICE_NAME"] == "specsplit-target"
     # The drafts run no coordinator; they take rounds on their channel.

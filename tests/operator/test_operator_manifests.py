@@ -169,6 +169,7 @@ def test_pods_are_locked_down_probed_and_cache_models(component: str) -> None:
                                        "seccompProfile": {"type": "RuntimeDefault"}}
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert main[probe]["grpc"] == {"port": 50051}
+    assert main["startupProbe"]["periodSeconds"] * main["startupProbe"]["failureThreshold"] == 600  # a model's load
     assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in main["ports"]
     # Workers take the round's calls on their round channel too; a coordinator serves none.
     round_channel = {"name": "round", "containerPort": 50061, "protocol": "TCP"}
