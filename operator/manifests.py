@@ -209,12 +209,20 @@ def _variants_file_volume(instance: str) -> tuple[list[dict[str, Any]], list[dic
 def coordinator_deployment(instance: str, spec: DeploymentSpec) -> dict[str, Any]:
     volumes, mounts = _variants_file_volume(instance)
     secret_volumes, secret_mounts = grpc_security.coordinator_volumes(spec.coordinator, spec.tls, spec.worker_auth_secret_name)
-    probe = grpc_security.health_check(tls_served=spec.coordinator.tls_secret_name is not None)
-    http = [{"name": "http", "containerPort": naming.HTTP_PORT, "protocol": "TCP"}] if spec.coordinator.http_port else []
     return _deployment(instance, spec, naming.COORDINATOR, replicas=spec.coordinator.replicas,
                        command=coordinator_command(instance, spec), resources=spec.coordinator.resources,
                        extra_volumes=volumes + secret_volumes, extra_mounts=mounts + secret_mounts,
-                       health_check=probe, extra_ports=http)
+                       health_check=_coordinator_probe(spec, naming.GRPC_PORT), extra_ports=_http_port(spec))
+
+
+def _coordinator_probe(spec: DeploymentSpec, port: int) -> dict[str, Any]:
+    """A pod running a coordinator is probed on its public port, which serves the public TLS where set."""
+    return grpc_security.health_check(tls_served=spec.coordinator.tls_secret_name is not None, port=port)
+
+
+def _http_port(spec: DeploymentSpec) -> list[dict[str, Any]]:
+    """The coordinator's OpenAI-compatible API, where it has one."""
+    return [{"name": "http", "containerPort": naming.HTTP_PORT, "protocol": "TCP"}] if spec.coordinator.http_port else []
 
 
 def worker_deployment(instance: str, spec: DeploymentSpec, component: str, role: RoleSpec, model: str,
@@ -236,8 +244,7 @@ def worker_deployment(instance: str, spec: DeploymentSpec, component: str, role:
         secret_volumes, secret_mounts = grpc_security.coordinator_volumes(spec.coordinator, spec.tls,
                                                                           spec.worker_auth_secret_name)
         ports = _colocated_coordinator_ports(spec)  # no round channel: see colocated_target_command
-        probe = grpc_security.health_check(tls_served=spec.coordinator.tls_secret_name is not None,
-                                           port=naming.COLOCATED_GRPC_PORT)
+        probe = _coordinator_probe(spec, naming.COLOCATED_GRPC_PORT)
         startup_failures = COLOCATED_STARTUP_FAILURES
     else:
         command = worker_command(command_role, model, role.tensor_parallel_size, spec.tls,
@@ -257,9 +264,8 @@ def worker_deployment(instance: str, spec: DeploymentSpec, component: str, role:
 
 
 def _colocated_coordinator_ports(spec: DeploymentSpec) -> list[dict[str, Any]]:
-    http = [{"name": "http", "containerPort": naming.HTTP_PORT, "protocol": "TCP"}]
     return [{"name": naming.COLOCATED_GRPC_PORT_NAME, "containerPort": naming.COLOCATED_GRPC_PORT, "protocol": "TCP"},
-            *(http if spec.coordinator.http_port else []),
+            *_http_port(spec),
             {"name": naming.COLOCATED_METRICS_PORT_NAME, "containerPort": naming.COLOCATED_METRICS_PORT,
              "protocol": "TCP"}]
 
