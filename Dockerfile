@@ -53,7 +53,9 @@ ENV PATH=/opt/venv/bin:$PATH \
 USER 10001:10001
 WORKDIR /tmp
 VOLUME ["/models"]
-EXPOSE 50051 9090
+# A worker's gRPC, round channel and metrics; co-located (`specsplit target --coordinate`), the coordinator's gRPC, HTTP
+# API and metrics too (a separate coordinator uses 50051, 8000 and 9090).
+EXPOSE 50051 50061 9090 50050 8000 9091
 
 # Kubernetes probes the gRPC health service; a Docker HEALTHCHECK would only duplicate it.
 HEALTHCHECK NONE

@@ -49,7 +49,8 @@ def worker_args(tls: InternalTLS | None, worker_auth: str | None = None) -> list
 
 
 def coordinator_args(coordinator: CoordinatorSpec, tls: InternalTLS | None, worker_auth: str | None = None) -> list[str]:
-    """Flags of `specsplit coordinator`: its public port (TLS, tokens) and its calls to the workers."""
+    """Flags of `specsplit coordinator` (or `target --coordinate`, manifests.colocated_target_command says why the
+    same): its public port (TLS, tokens) and its calls to the workers."""
     args: list[str] = ["--worker-secret-file", _worker_secret_file()] if worker_auth else []
     if coordinator.tls_secret_name:
         args += ["--tls-cert", _file(naming.PUBLIC_TLS_DIR, naming.TLS_CERT_KEY),
@@ -65,15 +66,6 @@ def coordinator_args(coordinator: CoordinatorSpec, tls: InternalTLS | None, work
             # The coordinator dials pod IPs of the headless Services; without this it checks the Service's name.
             args += ["--worker-tls-server-name", tls.server_name]
     return args
-
-
-def colocated_args(coordinator: CoordinatorSpec, tls: InternalTLS | None, worker_auth: str | None = None) -> list[str]:
-    """Flags of `specsplit target --coordinate`: the coordinator's. The process serves one certificate on all its
-    ports, and their clients are the public API's: so the public TLS, never a client CA (public clients have no
-    certificate of the internal CA). Internal TLS secures the calls to the draft pools. The target's own worker ports
-    have no caller outside the pod: its `--worker-secret-file` (one flag for both sides) makes them require the
-    workers' secret; without one they listen on loopback only (no --allow-unauthenticated)."""
-    return coordinator_args(coordinator, tls, worker_auth)
 
 
 def _secret_volume(volume: str, secret_name: str, keys: tuple[str, ...], directory: str

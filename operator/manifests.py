@@ -26,7 +26,14 @@ from specsplit.operator.draft_source import draft_flags, is_ngram
 from specsplit.operator.spec import DeploymentSpec, InternalTLS, Resources, RoleSpec
 
 GPU_RESOURCE = "nvidia.com/gpu"
+# A coordinator spins (`--spin-wait auto`) only where its pod requests a core for the spinning loop and one for the
+# rest of its work: auto alone counts the node's CPUs, which a pod's request does not narrow.
+SPIN_WAIT_MIN_CORES = 2
 RUN_AS_USER = 10001  # the image's own user (the Dockerfile's USER), which owns /models in it
+# Startup probes every 10 s: 600 s for a model to load; co-located, 300 s more, as long as the coordinator waits for
+# the draft pools before it opens its probed port (coordinator/process.py, connect_timeout).
+STARTUP_FAILURES = 60
+COLOCATED_STARTUP_FAILURES = STARTUP_FAILURES + 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,15 +139,27 @@ def coordinator_command(instance: str, spec: DeploymentSpec) -> list[str]:
         "--port", str(naming.GRPC_PORT),
         "--metrics-port", str(naming.METRICS_PORT),
         "--metrics-host", "0.0.0.0",  # scraped from other pods; the NetworkPolicy admits only the scrapers
-        *_coordinating_flags(spec),
+        *_coordinating_flags(spec, spec.coordinator.resources),
         *grpc_security.coordinator_args(spec.coordinator, spec.tls, spec.worker_auth_secret_name),
     ]
 
 
-def _coordinating_flags(spec: DeploymentSpec) -> list[str]:
-    """What a coordinator is told wherever it runs (its own pod, or a target's)."""
+def _coordinating_flags(spec: DeploymentSpec, resources: Resources, busy_cores: int = 0) -> list[str]:
+    """What a coordinator is told wherever it runs (its own pod, or a target's, of those `resources`, where
+    `busy_cores` other cores poll: the tensor-parallel ranks past the first)."""
+    spin = [] if _requested_cores(resources) >= SPIN_WAIT_MIN_CORES + busy_cores else ["--spin-wait", "off"]
     return ["--http-port", str(naming.HTTP_PORT if spec.coordinator.http_port else -1),
-            "--num-speculative-tokens", str(spec.num_speculative_tokens)]
+            "--num-speculative-tokens", str(spec.num_speculative_tokens), *spin]
+
+
+def _requested_cores(resources: Resources) -> float:
+    """The CPU the scheduler sets aside for the pod (its request; the limit where only that is given, as Kubernetes
+    defaults it); 0 where none is set, or the quantity is not a plain or milli-core one."""
+    quantity = resources.requests.get("cpu", resources.limits.get("cpu", "0"))
+    try:
+        return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+    except ValueError:
+        return 0.0
 
 
 def worker_command(role: str, model: str, tensor_parallel_size: int, tls: InternalTLS | None = None,
@@ -151,21 +170,29 @@ def worker_command(role: str, model: str, tensor_parallel_size: int, tls: Intern
 
 
 def colocated_target_command(spec: DeploymentSpec, model: str, tensor_parallel_size: int) -> list[str]:
-    """`specsplit target --coordinate`: the target's flags, then its coordinator's (grpc_security.colocated_args)."""
+    """`specsplit target --coordinate`: the target's flags, then its coordinator's, security included.
+    No round channel: its one coordinator calls it in-process, and a listener nothing calls is only exposure.
+    The process serves one certificate on all its ports, and their clients are the public API's: so the public TLS,
+    never a client CA (public clients have no certificate of the internal CA); internal TLS secures the calls to the
+    draft pools. The target's own worker ports have no caller outside the pod: its `--worker-secret-file` (one flag
+    for both sides) makes them require the workers' secret; without one they listen on loopback only (no
+    --allow-unauthenticated)."""
     return [
-        *_worker_flags(naming.TARGET, model, tensor_parallel_size, spec.batch_invariant),
+        *_worker_flags(naming.TARGET, model, tensor_parallel_size, spec.batch_invariant, round_port=-1),
         "--coordinate",
         "--coordinator-port", str(naming.COLOCATED_GRPC_PORT),
         "--coordinator-metrics-port", str(naming.COLOCATED_METRICS_PORT),
         "--draft-variants-file", f"{naming.CONFIG_DIR}/{naming.VARIANTS_KEY}",
-        *_coordinating_flags(spec),
-        *grpc_security.colocated_args(spec.coordinator, spec.tls, spec.worker_auth_secret_name),
+        *_coordinating_flags(spec, spec.target.resources, busy_cores=tensor_parallel_size - 1),
+        *grpc_security.coordinator_args(spec.coordinator, spec.tls, spec.worker_auth_secret_name),
     ]
 
 
-def _worker_flags(role: str, model: str, tensor_parallel_size: int, batch_invariant: bool) -> list[str]:
+def _worker_flags(role: str, model: str, tensor_parallel_size: int, batch_invariant: bool,
+                  round_port: int = naming.ROUND_PORT) -> list[str]:
+    """`round_port` -1: none (the CLI's "rounds over gRPC")."""
     source = draft_flags(model) if role == naming.DRAFT else ["--model", model]
-    command = ["specsplit", role, *source, "--port", str(naming.GRPC_PORT), "--round-port", str(naming.ROUND_PORT),
+    command = ["specsplit", role, *source, "--port", str(naming.GRPC_PORT), "--round-port", str(round_port),
                "--metrics-port", str(naming.METRICS_PORT), "--metrics-host", "0.0.0.0"]
     if tensor_parallel_size > 1:  # one process per GPU of the pod; this one serves as rank 0
         command += ["--tensor-parallel-size", str(tensor_parallel_size)]
@@ -182,12 +209,20 @@ def _variants_file_volume(instance: str) -> tuple[list[dict[str, Any]], list[dic
 def coordinator_deployment(instance: str, spec: DeploymentSpec) -> dict[str, Any]:
     volumes, mounts = _variants_file_volume(instance)
     secret_volumes, secret_mounts = grpc_security.coordinator_volumes(spec.coordinator, spec.tls, spec.worker_auth_secret_name)
-    probe = grpc_security.health_check(tls_served=spec.coordinator.tls_secret_name is not None)
-    http = [{"name": "http", "containerPort": naming.HTTP_PORT, "protocol": "TCP"}] if spec.coordinator.http_port else []
     return _deployment(instance, spec, naming.COORDINATOR, replicas=spec.coordinator.replicas,
                        command=coordinator_command(instance, spec), resources=spec.coordinator.resources,
                        extra_volumes=volumes + secret_volumes, extra_mounts=mounts + secret_mounts,
-                       health_check=probe, extra_ports=http)
+                       health_check=_coordinator_probe(spec, naming.GRPC_PORT), extra_ports=_http_port(spec))
+
+
+def _coordinator_probe(spec: DeploymentSpec, port: int) -> dict[str, Any]:
+    """A pod running a coordinator is probed on its public port, which serves the public TLS where set."""
+    return grpc_security.health_check(tls_served=spec.coordinator.tls_secret_name is not None, port=port)
+
+
+def _http_port(spec: DeploymentSpec) -> list[dict[str, Any]]:
+    """The coordinator's OpenAI-compatible API, where it has one."""
+    return [{"name": "http", "containerPort": naming.HTTP_PORT, "protocol": "TCP"}] if spec.coordinator.http_port else []
 
 
 def worker_deployment(instance: str, spec: DeploymentSpec, component: str, role: RoleSpec, model: str,
@@ -202,21 +237,22 @@ def worker_deployment(instance: str, spec: DeploymentSpec, component: str, role:
         # NCCL between the shards of one pod needs more shared memory than the container default (64 MiB).
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
-    ports = [{"name": "round", "containerPort": naming.ROUND_PORT, "protocol": "TCP"}]
     if component == naming.TARGET and spec.coordinator.colocated:
         command = colocated_target_command(spec, model, role.tensor_parallel_size)
         config_volumes, config_mounts = _variants_file_volume(instance)
         volumes, mounts = volumes + config_volumes, mounts + config_mounts
         secret_volumes, secret_mounts = grpc_security.coordinator_volumes(spec.coordinator, spec.tls,
                                                                           spec.worker_auth_secret_name)
-        ports += _colocated_coordinator_ports(spec)
-        probe = grpc_security.health_check(tls_served=spec.coordinator.tls_secret_name is not None,
-                                           port=naming.COLOCATED_GRPC_PORT)
+        ports = _colocated_coordinator_ports(spec)  # no round channel: see colocated_target_command
+        probe = _coordinator_probe(spec, naming.COLOCATED_GRPC_PORT)
+        startup_failures = COLOCATED_STARTUP_FAILURES
     else:
         command = worker_command(command_role, model, role.tensor_parallel_size, spec.tls,
                                  spec.worker_auth_secret_name, spec.batch_invariant)
+        ports = [{"name": "round", "containerPort": naming.ROUND_PORT, "protocol": "TCP"}]
         secret_volumes, secret_mounts = grpc_security.worker_volumes(spec.tls, spec.worker_auth_secret_name)
         probe = grpc_security.health_check(tls_served=spec.tls is not None)
+        startup_failures = STARTUP_FAILURES
     resources = role.resources
     if command_role == naming.DRAFT and is_ngram(model):  # no model: no GPU, whatever the model draft pool takes
         resources = dataclasses.replace(resources, gpus=0)
@@ -224,13 +260,12 @@ def worker_deployment(instance: str, spec: DeploymentSpec, component: str, role:
                        resources=resources, extra_volumes=volumes + secret_volumes,
                        extra_mounts=mounts + secret_mounts, health_check=probe,
                        node_selector=role.node_selector, tolerations=role.tolerations, affinity=role.affinity,
-                       extra_env=role.env, extra_ports=ports)
+                       extra_env=role.env, extra_ports=ports, startup_failures=startup_failures)
 
 
 def _colocated_coordinator_ports(spec: DeploymentSpec) -> list[dict[str, Any]]:
-    http = [{"name": "http", "containerPort": naming.HTTP_PORT, "protocol": "TCP"}]
     return [{"name": naming.COLOCATED_GRPC_PORT_NAME, "containerPort": naming.COLOCATED_GRPC_PORT, "protocol": "TCP"},
-            *(http if spec.coordinator.http_port else []),
+            *_http_port(spec),
             {"name": naming.COLOCATED_METRICS_PORT_NAME, "containerPort": naming.COLOCATED_METRICS_PORT,
              "protocol": "TCP"}]
 
@@ -273,7 +308,8 @@ def _deployment(instance: str, spec: DeploymentSpec, component: str, *, replicas
                 health_check: dict[str, Any], node_selector: Mapping[str, str] | None = None,
                 tolerations: tuple[Mapping[str, Any], ...] = (), affinity: Mapping[str, Any] | None = None,
                 extra_env: tuple[Mapping[str, Any], ...] = (),
-                extra_ports: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                extra_ports: list[dict[str, Any]] | None = None,
+                startup_failures: int = STARTUP_FAILURES) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": component,
         "image": spec.image,
@@ -286,7 +322,7 @@ def _deployment(instance: str, spec: DeploymentSpec, component: str, *, replicas
         "env": _environment(component, spec, extra_env),
         "resources": _resource_requirements(resources),
         # Loading a model can take minutes; the startup probe holds liveness off until the server is up.
-        "startupProbe": {**health_check, "periodSeconds": 10, "failureThreshold": 60},
+        "startupProbe": {**health_check, "periodSeconds": 10, "failureThreshold": startup_failures},
         "readinessProbe": {**health_check, "periodSeconds": 5, "failureThreshold": 3},
         "livenessProbe": {**health_check, "periodSeconds": 10, "failureThreshold": 6},
         "securityContext": {

@@ -37,6 +37,8 @@ COLOCATED_GRPC_PORT = 50050
 COLOCATED_METRICS_PORT = 9091
 COLOCATED_GRPC_PORT_NAME = "coord-grpc"
 COLOCATED_METRICS_PORT_NAME = "coord-metrics"
+# The HTTP ports the operator scrapes, by container port name.
+SCRAPED_PORTS = {"metrics": METRICS_PORT, COLOCATED_METRICS_PORT_NAME: COLOCATED_METRICS_PORT}
 
 # The coordinator reads its draft variants from this file (a ConfigMap key mounted read-only). Each mount
 # under /etc/specsplit is its own folder: a volume mounted inside a ConfigMap's volume would be disturbed

@@ -58,8 +58,9 @@ class RoleMetrics:
 
 
 def ready_endpoints(pods: Iterable[Mapping[str, Any]], selector: Mapping[str, str], path: str,
-                    port_name: str = "metrics", default_port: int = naming.METRICS_PORT) -> list[PodEndpoint]:
-    """Running, not terminating pods with an IP that match the selector; the URL of `path` on their port `port_name`."""
+                    port_name: str = "metrics") -> list[PodEndpoint]:
+    """Running, not terminating pods with an IP that match the selector; the URL of `path` on their port `port_name`
+    (where a pod does not name it, the number the operator gives that name: naming.SCRAPED_PORTS)."""
     endpoints = []
     for pod in pods:
         meta, status = pod.get("metadata", {}), pod.get("status", {})
@@ -68,7 +69,7 @@ def ready_endpoints(pods: Iterable[Mapping[str, Any]], selector: Mapping[str, st
             continue
         if meta.get("deletionTimestamp") or status.get("phase") != "Running" or not status.get("podIP"):
             continue
-        port = default_port
+        port = naming.SCRAPED_PORTS[port_name]
         for container in pod.get("spec", {}).get("containers", []):
             for container_port in container.get("ports") or []:
                 if container_port.get("name") == port_name:
@@ -180,9 +181,8 @@ async def canary_reports(client: KubeClient, scraper: PodScraper, namespace: str
                          colocated: bool = False) -> list[dict[str, Any]]:
     """The /v1/canary report of every ready coordinator: its own pods', or co-located, every target pod's."""
     component = naming.TARGET if colocated else naming.COORDINATOR
-    port_name, port = ((naming.COLOCATED_METRICS_PORT_NAME, naming.COLOCATED_METRICS_PORT) if colocated
-                       else ("metrics", naming.METRICS_PORT))
+    port_name = naming.COLOCATED_METRICS_PORT_NAME if colocated else "metrics"
     pods = await client.list(PODS, namespace, naming.selector_string(instance, component))
-    endpoints = ready_endpoints(pods, naming.selector(instance, component), "/v1/canary", port_name, port)
+    endpoints = ready_endpoints(pods, naming.selector(instance, component), "/v1/canary", port_name)
     reports = await scraper.fetch(endpoints, as_json=True)
     return [report for report in reports.values() if isinstance(report, dict)]

@@ -72,13 +72,31 @@ def error_from_frame(payload: bytes) -> Exception:
     return error_from_status(code, message)
 
 
+CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"  # cgroup v2: "QUOTA PERIOD", or "max PERIOD" where unlimited
+
+
+def cgroup_cpu_quota(path: str) -> float | None:
+    """The cores this process's cgroup may use (a container's CPU limit), or None where it sets none or cannot
+    be read. The CPU affinity does not show it: in a container it lists the node's CPUs."""
+    try:
+        with open(path) as file:
+            quota, period = file.read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        return None
+
+
 def spin_wait_default(on_accelerator: bool) -> bool:
     """Spinning costs a core while a reply is awaited: worth it where the model computes on an accelerator (the host
-    cores are free) and where at least four cores leave room; never on a small machine whose cores compute."""
+    cores are free) and where at least four cores leave room; never on a small machine whose cores compute, nor in
+    a container limited to fewer (its CPU quota, which the affinity does not show)."""
     try:
-        cores = len(os.sched_getaffinity(0))
+        cores: float = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count() or 1
+    quota = cgroup_cpu_quota(CGROUP_CPU_MAX)
+    if quota is not None:
+        cores = min(cores, quota)
     return on_accelerator and cores >= 4
 
 

@@ -27,19 +27,16 @@ VALUE_SETS: dict[str, dict] = {
                   "tolerations": [GPU_TOLERATION, {"key": "pool", "operator": "Equal", "value": "draft",
                                                    "effect": "NoSchedule"}]},
     },
-    # The target sharded over two GPUs of one pod.
-    "tp2-target": {
-        "target": {"model": "/models/qwen2.5-coder-7b-instruct", "tensorParallelSize": 2,
-                   "resources": _pool("16", "64Gi", 2)},
-    },
     # The target over four GPUs of one pod, the draft over two: one process per GPU in each pod.
     "tp4-target-tp2-draft": {
         "target": {"model": "/models/llama-3-70b-instruct", "tensorParallelSize": 4, "resources": _pool("32", "256Gi", 4)},
         "draft": {"model": "/models/llama-3-8b-instruct", "tensorParallelSize": 2, "resources": _pool("8", "64Gi", 2)},
     },
-    # A target too big for one GPU (a 70B in bf16 over two 141 GB GPUs) beside a small draft on one GPU per pod.
+    # A target too big for one GPU (a 70B in bf16 over two 141 GB GPUs) beside a small draft on one GPU per pod: the
+    # README's example.
     "tp2-big-target-one-gpu-draft": {
-        "target": {"model": "/models/llama-3.3-70b-instruct", "tensorParallelSize": 2, "resources": _pool("8", "96Gi", 2)},
+        "target": {"model": "/models/llama-3.3-70b-instruct", "tensorParallelSize": 2,
+                   "nodeSelector": {"nvidia.com/gpu.product": "NVIDIA-H200"}, "resources": _pool("8", "96Gi", 2)},
         "draft": {"model": "/models/llama-3.2-1b-instruct", "resources": _pool("4", "16Gi", 1)},
     },
     "canary-on": {

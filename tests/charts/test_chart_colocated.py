@@ -39,7 +39,7 @@ def test_target_pods_run_the_coordinator_with_its_flags_and_variants_file():
     container = _target(built)
     args = _parsed(container)
     assert args.coordinate and args.model == "qwen2.5-coder-1.5b-instruct"
-    assert (args.port, args.round_port, args.metrics_port) == (50051, 50061, 9090)
+    assert (args.port, args.round_port, args.metrics_port) == (50051, -1, 9090)  # no round channel: called in-process
     assert (args.coordinator_port, args.coordinator_metrics_port, args.http_port) == (50050, 9091, 8000)
     assert args.draft_variants_file == "/etc/specsplit/config/draft-variants.json"
     assert args.num_speculative_tokens == 4 and args.metrics_host == "0.0.0.0"
@@ -47,10 +47,10 @@ def test_target_pods_run_the_coordinator_with_its_flags_and_variants_file():
     assert args.worker_secret_file == "/etc/specsplit/worker-auth/secret" and not args.allow_unauthenticated
     assert {"name": "config", "mountPath": "/etc/specsplit/config", "readOnly": True} in container["volumeMounts"]
     volumes = {v["name"]: v for v in built[("Deployment", "target")]["spec"]["template"]["spec"]["volumes"]}
-    assert volumes["config"]["configMap"]["name"] == built[("ConfigMap", "coder-specsplit-coordinator")][
-        "metadata"]["name"]
-    assert {"round": 50061, "coord-grpc": 50050, "http": 8000, "coord-metrics": 9091}.items() <= \
-        {p["name"]: p["containerPort"] for p in container["ports"]}.items()
+    assert ("ConfigMap", "coder-specsplit-coordinator") in built
+    assert volumes["config"]["configMap"]["name"] == "coder-specsplit-coordinator"
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
+        "grpc": 50051, "metrics": 9090, "coord-grpc": 50050, "http": 8000, "coord-metrics": 9091}
     # The drafts are called by it, on their round channel too; they run no coordinator.
     (draft,) = built[("Deployment", "draft")]["spec"]["template"]["spec"]["containers"]
     assert "--coordinate" not in draft["command"] and draft["command"][draft["command"].index("--round-port") + 1] \

@@ -78,3 +78,16 @@ def test_every_package_folder_is_copied_and_not_ignored():
     for source in copied | {"pyproject.toml"}:
         assert not any(fnmatch.fnmatch(source, pattern) for pattern in ignored), source
     assert {".git", "tests", "charts"} <= set(ignored)
+
+
+def test_expose_lists_every_port_the_services_pods_declare():
+    """EXPOSE is informational (Kubernetes ignores it), but it is where `docker run -P` and readers look."""
+    from chart_render import operator_objects, render, speculative_deployment
+    from chart_values import VALUE_SETS
+
+    exposed = {int(port) for op, args in final_stage() if op == "EXPOSE" for port in args.split()}
+    declared = {port["containerPort"]
+                for values in (VALUE_SETS["defaults"], VALUE_SETS["colocated"])
+                for obj in operator_objects(speculative_deployment(render(values))) if obj["kind"] == "Deployment"
+                for container in obj["spec"]["template"]["spec"]["containers"] for port in container["ports"]}
+    assert exposed == declared

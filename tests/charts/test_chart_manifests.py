@@ -116,6 +116,9 @@ def test_optional_objects_appear_only_when_enabled():
     assert default.count("NetworkPolicy") == 4  # operator, coordinator, target, draft
     monitoring = kinds(VALUE_SETS["monitoring-on"])
     assert monitoring.count("PodMonitor") == 2 and monitoring.count("ServiceMonitor") == 1  # + the operator's
+    # The operator's PodMonitor comes with the PodMonitors only (their labels; their CRD may be all there is).
+    service_monitor_only = kinds({"monitoring": {"serviceMonitor": {"enabled": True}}})
+    assert "PodMonitor" not in service_monitor_only and service_monitor_only.count("ServiceMonitor") == 1
     assert "NetworkPolicy" not in kinds(VALUE_SETS["network-policy-off"])
     assert kinds(VALUE_SETS["canary-on"]).count("NetworkPolicy") == 5  # + draft-canary
     assert kinds(VALUE_SETS["colocated"]).count("NetworkPolicy") == 4  # no coordinator pods: no policy of theirs

@@ -128,9 +128,11 @@ def test_metrics_answer_the_operator_and_monitoring_when_enabled(monitoring):
         assert allowed(policies, pods["prometheus"], pods[destination], METRICS) is monitoring, destination
 
 
-@pytest.mark.parametrize("monitoring", [False, True])
-def test_only_monitoring_calls_into_the_operator_for_its_metrics(monitoring):
-    manifests = render(VALUE_SETS["monitoring-on"] if monitoring else {})
+@pytest.mark.parametrize("values, monitoring", [({}, False), (VALUE_SETS["monitoring-on"], True),
+                                                ({"monitoring": {"serviceMonitor": {"enabled": True}}}, False)])
+def test_only_monitoring_calls_into_the_operator_for_its_metrics(values, monitoring):
+    """Through the operator's PodMonitor: a ServiceMonitor alone does not scrape it."""
+    manifests = render(values)
     policies, pods = of_kind(manifests, "NetworkPolicy"), _pods(manifests)
     for source in ("stranger", "coordinator", "prometheus"):
         assert not allowed(policies, pods[source], pods["operator"], KOPF_HEALTH)

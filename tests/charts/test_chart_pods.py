@@ -80,14 +80,14 @@ def test_worker_pods_are_probed_over_grpc_health_or_tcp_under_tls(value_set):
             assert {"grpc", "tcpSocket"} & set(container[probe]) == {handler}, f"{name}: {probe}"
         if component == "coordinator":  # the OpenAI-compatible API beside gRPC
             expected = {"grpc": 50051, "metrics": 9090, "http": 8000}
-        else:  # every worker takes rounds on its round channel too; a co-located target serves the coordinator's
+        elif _colocated(values, component):  # the coordinator's ports; no round channel (called in-process)
+            expected = {"grpc": 50051, "metrics": 9090, "coord-grpc": 50050, "http": 8000, "coord-metrics": 9091}
+        else:  # every other worker takes rounds on its round channel too
             expected = {"grpc": 50051, "metrics": 9090, "round": 50061}
-            if _colocated(values, component):
-                expected |= {"coord-grpc": 50050, "http": 8000, "coord-metrics": 9091}
         assert {p["name"]: p["containerPort"] for p in container["ports"]} == expected, name
         assert ("--round-port" in container["command"]) is (component != "coordinator"), name
         if component != "coordinator":
-            assert _args(container)["--round-port"] == "50061", name
+            assert _args(container)["--round-port"] == ("-1" if _colocated(values, component) else "50061"), name
 
 
 def _by_component(value_set: str) -> dict[str, dict]:
@@ -133,16 +133,23 @@ def test_one_gpu_pools_are_placed_by_their_own_node_selectors():
 
 
 def test_tensor_parallel_target_gets_its_gpus_and_shared_memory():
-    pods = _by_component("tp2-target")
+    """The README's example: a target sharded over two GPUs of each pod (one process per GPU), beside one-GPU,
+    one-process draft pods."""
+    pods = _by_component("tp2-big-target-one-gpu-draft")
     target = pods["target"]
     (container,) = target["containers"]
-    assert container["resources"]["limits"][GPU] == "2"
+    assert container["resources"]["limits"][GPU] == container["resources"]["requests"][GPU] == "2"
     command = container["command"]
+    assert command[:4] == ["specsplit", "target", "--model", "/models/llama-3.3-70b-instruct"]
     assert command[command.index("--tensor-parallel-size") + 1] == "2"
+    assert target["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
     shm = {v["name"]: v for v in target["volumes"]}["dshm"]
     assert shm["emptyDir"]["medium"] == "Memory"
     assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
     # Only the sharded pool needs it.
+    (draft,) = pods["draft"]["containers"]
+    assert draft["resources"]["limits"][GPU] == draft["resources"]["requests"][GPU] == "1"
+    assert "--tensor-parallel-size" not in draft["command"]
     assert all(v["name"] != "dshm" for v in pods["draft"]["volumes"])
 
 
@@ -290,3 +297,12 @@ def test_batch_invariance_reaches_every_model_pool_and_only_them():
     assert "batchInvariant" not in speculative_deployment(render({}))["spec"]
     assert all("--batch-invariant" not in p["containers"][0].get("command", [])
                for p in _by_component("defaults").values())
+
+
+def test_coordinators_spin_only_where_the_chart_requests_the_cores():
+    """The coordinator's default request (500m) sets aside no core for spinning while it awaits a round: off. The
+    co-located coordinator shares the target's (4 cores): auto."""
+    (coordinator,) = _by_component("defaults")["coordinator"]["containers"]
+    assert _args(coordinator)["--spin-wait"] == "off"
+    (target,) = _by_component("colocated")["target"]["containers"]
+    assert "--spin-wait" not in target["command"]

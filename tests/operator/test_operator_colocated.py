@@ -55,7 +55,8 @@ def test_no_coordinator_deployment_and_the_target_pods_run_it() -> None:
     pod, container = target(objects)
     args = parsed(container)
     assert args.coordinate and args.model == "big" and args.tensor_parallel_size == 2
-    assert (args.port, args.round_port, args.metrics_port, args.metrics_host) == (50051, 50061, 9090, "0.0.0.0")
+    # No round channel (-1): its one coordinator calls it in-process, so a listener would only be exposure.
+    assert (args.port, args.round_port, args.metrics_port, args.metrics_host) == (50051, -1, 9090, "0.0.0.0")
     assert (args.coordinator_port, args.coordinator_metrics_port, args.http_port) == (50050, 9091, 8000)
     assert args.num_speculative_tokens == 6
     assert args.draft_variants_file == "/etc/specsplit/config/draft-variants.json" and not args.draft
@@ -68,9 +69,11 @@ def test_no_coordinator_deployment_and_the_target_pods_run_it() -> None:
     mounts = {mount["mountPath"]: mount["name"] for mount in container["volumeMounts"]}
     assert mounts["/etc/specsplit/config"] == "config" and mounts["/etc/specsplit/worker-auth"] == "worker-auth"
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
-        "grpc": 50051, "metrics": 9090, "round": 50061, "coord-grpc": 50050, "http": 8000, "coord-metrics": 9091}
+        "grpc": 50051, "metrics": 9090, "coord-grpc": 50050, "http": 8000, "coord-metrics": 9091}
     for probe in PROBES:  # ready once the coordinator serves, not merely the target
         assert container[probe]["grpc"] == {"port": 50050}, probe
+    # The model's load (600 s, as a separate target's), then up to 300 s waiting for the drafts, before it serves.
+    assert container["startupProbe"]["periodSeconds"] * container["startupProbe"]["failureThreshold"] == 900
     env = {variable["name"]: variable.get("value") for variable in container["env"]}
     assert env["OTEL_SERVICE_NAME"] == "specsplit-target"
     # The drafts run no coordinator; they take rounds on their channel.

@@ -63,7 +63,8 @@ async def test_create_builds_every_object_owned_and_labelled(operator: RunningOp
                                     "--draft-variants-file", "/etc/specsplit/config/draft-variants.json",
                                     "--port", "50051", "--metrics-port", "9090", "--metrics-host", "0.0.0.0",
                                     "--http-port", "8000",
-                                    "--num-speculative-tokens", "5"]
+                                    "--num-speculative-tokens", "5",
+                                    "--spin-wait", "off"]  # no CPU request: no core set aside to spin
     assert target["spec"]["replicas"] == 1
     assert target["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
     variants = json.loads((await cluster.get("cm", "coder-coordinator"))["data"]["draft-variants.json"])
@@ -107,7 +108,8 @@ async def test_update_patches_only_what_changed(operator: RunningOperator, clust
     resource = await converged(cluster, generation=2)
 
     assert command(await cluster.get("deploy", "coder-target"))[3] == "/models/qwen2.5-coder-7b-instruct"
-    assert command(await cluster.get("deploy", "coder-coordinator"))[-1] == "7"
+    coordinator = command(await cluster.get("deploy", "coder-coordinator"))
+    assert coordinator[coordinator.index("--num-speculative-tokens") + 1] == "7"
     assert (await cluster.get("deploy", "coder-draft"))["spec"]["replicas"] == 2  # raised to the new minimum
     assert resource["status"]["draft"]["desiredReplicas"] == 2
     assert resource["status"]["target"]["model"] == "/models/qwen2.5-coder-7b-instruct"

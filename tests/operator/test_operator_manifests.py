@@ -78,7 +78,35 @@ def test_pod_commands_follow_the_cli_contract() -> None:
         "specsplit", "coordinator", "--target", "coder-target:50051",
         "--draft-variants-file", "/etc/specsplit/config/draft-variants.json",
         "--port", "50051", "--metrics-port", "9090", "--metrics-host", "0.0.0.0", "--http-port", "8000",
-        "--num-speculative-tokens", "6"]
+        "--num-speculative-tokens", "6", "--spin-wait", "off"]  # a one-core request leaves no core to spin
+
+
+@pytest.mark.parametrize("colocated, tensor_parallel_size, resources, spins", [
+    (False, 1, {}, False),  # no request: nothing set aside
+    (False, 1, {"requests": {"cpu": "500m"}}, False),
+    (False, 1, {"requests": {"cpu": "1999m"}}, False),
+    (False, 1, {"requests": {"cpu": "2"}}, True),
+    (False, 1, {"limits": {"cpu": 4}}, True),  # the request defaults to the limit
+    (False, 1, {"requests": {"cpu": "1"}, "limits": {"cpu": "4"}}, False),
+    (True, 1, {"requests": {"cpu": "2"}}, True),
+    (True, 2, {"requests": {"cpu": "2"}}, False),  # the second rank polls a core of its own
+    (True, 2, {"requests": {"cpu": "3000m"}}, True),
+])
+def test_coordinators_spin_only_where_their_pod_requests_the_cores(colocated: bool, tensor_parallel_size: int,
+                                                                    resources: dict[str, Any], spins: bool) -> None:
+    """`--spin-wait auto` counts the node's CPUs, which a pod's request does not narrow: the operator turns spinning
+    off unless the pod requests a core for it and one for the rest (and, co-located, one per tensor-parallel rank
+    past the first)."""
+    target: dict[str, Any] = {"model": "big", "tensorParallelSize": tensor_parallel_size}
+    coordinator: dict[str, Any] = {"colocated": colocated}
+    (target if colocated else coordinator)["resources"] = resources
+    spec = parse_spec({"image": "registry.example/specsplit:0.1.0", "target": target, "draft": {"model": "small"},
+                       "coordinator": coordinator})
+    built = {obj["metadata"]["name"]: obj for obj in build_objects(OWNER, spec, PLAN)}
+    command = container(built["coder-target" if colocated else "coder-coordinator"])["command"]
+    assert ("--spin-wait" not in command) is spins
+    if not spins:
+        assert command[command.index("--spin-wait"):][:2] == ["--spin-wait", "off"]
 
 
 def test_replicas_come_from_the_plan_and_the_spec() -> None:
@@ -141,6 +169,7 @@ def test_pods_are_locked_down_probed_and_cache_models(component: str) -> None:
                                        "seccompProfile": {"type": "RuntimeDefault"}}
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert main[probe]["grpc"] == {"port": 50051}
+    assert main["startupProbe"]["periodSeconds"] * main["startupProbe"]["failureThreshold"] == 600  # a model's load
     assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in main["ports"]
     # Workers take the round's calls on their round channel too; a coordinator serves none.
     round_channel = {"name": "round", "containerPort": 50061, "protocol": "TCP"}

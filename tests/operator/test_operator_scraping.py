@@ -32,9 +32,9 @@ def test_a_co_located_coordinator_is_read_on_its_own_port_of_the_target_pods() -
     both["spec"]["containers"][0]["ports"].append({"name": "coord-metrics", "containerPort": 9091})
     selector = naming.selector("coder", "target")
     assert [e.url for e in ready_endpoints([both], selector, "/metrics")] == ["http://10.0.0.7:9090/metrics"]
-    coordinator = ready_endpoints([both], selector, "/v1/canary", "coord-metrics", naming.COLOCATED_METRICS_PORT)
+    coordinator = ready_endpoints([both], selector, "/v1/canary", "coord-metrics")
     assert [e.url for e in coordinator] == ["http://10.0.0.7:9091/v1/canary"]
-    without = ready_endpoints([pod("b", "target")], selector, "/v1/canary", "coord-metrics", 9091)
+    without = ready_endpoints([pod("b", "target")], selector, "/v1/canary", "coord-metrics")
     assert [e.url for e in without] == ["http://10.0.0.7:9091/v1/canary"]  # unnamed: the port the operator sets
 
 

@@ -22,26 +22,21 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
 {{/*
-Ingress rules of the public API (gRPC on `grpcPort`, the OpenAI HTTP API on 8000): open to every client unless
+The ingress rule of the public API (gRPC on `grpcPort`, the OpenAI HTTP API on 8000): open to every client unless
 networkPolicy.clients narrows it. Takes (dict "ctx" $ "grpcPort" PORT).
 */}}
 {{- define "specsplit.networkPolicy.publicApi" -}}
 - ports:
     - port: {{ .grpcPort }}
       protocol: TCP
-  {{- with .ctx.Values.networkPolicy.clients }}
-  from:
-    {{- toYaml . | nindent 4 }}
-  {{- end }}
-{{- if .ctx.Values.coordinator.httpPort }}
-- ports:
+    {{- if .ctx.Values.coordinator.httpPort }}
     - port: 8000
       protocol: TCP
+    {{- end }}
   {{- with .ctx.Values.networkPolicy.clients }}
   from:
     {{- toYaml . | nindent 4 }}
   {{- end }}
-{{- end }}
 {{- end }}
 
 {{/*
