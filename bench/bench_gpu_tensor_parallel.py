@@ -1,4 +1,4 @@
-"""Tensor parallelism on two GPUs: random-weight bf16 models of real shapes; rank 0 in this process (in-process
+"""Tensor parallelism on two GPUs (the 70b part: two or four): random-weight bf16 models of real shapes; rank 0 in this process (in-process
 engine) or in a target worker process (services), rank 1 its child; NCCL between them, and the peer-to-peer
 all-reduces over NVLink (runtime/tensor_parallel_all_reduce.py) where they run. NVLink multicast stays off
 (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1, set here for every process).
@@ -17,17 +17,19 @@ Parts (--parts; the default is the 2x H100 run, `70b` is its own run):
   alpha = 0.7 through the SYNTHETIC ACCEPTANCE benchmark mode (services/target/synthetic_acceptance.py, NOT
   LOSSLESS: random weights never agree, so a coin accepts each proposal with probability alpha; emitted tokens are
   the target's own samples).
-- 70b: a Llama-3-70B-shaped target (~141 GB; each rank draws its own shard on its GPU, no process holds the whole
-  model) at degree 2 and a 0.5B-shaped draft (Qwen2.5-0.5B dimensions, Llama-3 vocabulary) at degree 1 beside
-  rank 0 on GPU 0, through the services (target worker, draft worker, coordinator; gRPC over loopback):
-  target-only and speculative (synthetic alpha 0.7 and 0.9, k = 4) at batch 1 and 8, against the bandwidth floor
-  (bytes one rank reads per step, its weight shard / one GPU's measured copy bandwidth). Goals: target-only >= 70%
-  of the floor at batch 1 and 8; speculation >= 2.0x target-only at batch 1, >= 1.6x at batch 8 (alpha 0.7),
-  >= 2.8x at batch 1 (alpha 0.9). Rank 0 holds ~66 GiB of weights plus the draft and KV: 2x H200, or 2x H100 if
-  --kv-gib stays small.
+- 70b: a Llama-3-70B-shaped target (~141 GB; each rank draws its slices of the model's tensors on its GPU, no
+  process holds the whole model, and every degree's shards are slices of one model) at each of --big-degrees (the
+  largest first), a 0.5B-shaped draft (Qwen2.5-0.5B dimensions, Llama-3 vocabulary) at degree 1 beside rank 0 on
+  GPU 0, through the services (target worker, draft worker, coordinator; gRPC over loopback): target-only, fixed
+  k = 4 and adaptive (k <= --adaptive-bound) at --batches under synthetic alpha 0.7, and k = 4 and adaptive at
+  batch 1 under alpha 0.9, against the bandwidth floor (bytes one rank reads per step, its weight shard / one GPU's
+  measured copy bandwidth); degree against the next lower one; batch-1 greedy tokens and seeded samples compared
+  across the degrees. Goals: target-only >= 70% of the floor at batch 1 and 8; speculation >= 2.0x target-only at
+  batch 1, >= 1.6x at batch 8 (alpha 0.7), >= 2.8x at batch 1 (alpha 0.9); degree 4 >= 1.6x degree 2 at batch 1.
+  At degree 2 rank 0 holds ~66 GiB of weights plus the draft and KV: 2x H200, or 2x H100 if --kv-gib stays small.
 
     source bench/gpu_env.sh; cd /tmp; OUT=/some/dir python3 $R/bench/bench_gpu_tensor_parallel.py
-    ... --parts 70b --name gpu_tensor_parallel_70b
+    ... --parts 70b --big-degrees 4,2 --batches 1,8,32 --name gpu_tensor_parallel_70b
     python3 bench/bench_gpu_tensor_parallel.py --dry-run --parts exact,decode,profile,speculative,70b  # CPU, gloo
 
 Results: $OUT/NAME.json (bench/results/ without $OUT) with commit, machine and command, written after each part.
@@ -110,6 +112,7 @@ class Run:
         self.out = Path(os.environ["OUT"]) if os.environ.get("OUT") else Path(tempfile.mkdtemp())
         self.rows: list[dict] = []
         self.profiles: list[dict] = []
+        self.outputs: dict[int, dict] = {}  # 70b: degree -> batch-1 outputs, for the identity check
         self.summary: dict = {}
         self.watchdog: Watchdog | None = None
 
@@ -472,53 +475,79 @@ def profile_mode(run: Run, e: LocalEngine, mode: str, vocab: int) -> None:
 # -- part: 70b (services) ----------------------------------------------------------------------------------------
 
 def seventy_b_part(run: Run, root: Path, bandwidth: float) -> None:
+    """Each degree of --big-degrees in turn (the largest first: at a smaller one the model may not fit, and that row
+    is then recorded as an error instead of losing the others)."""
+    target_shape, draft_shape = run.shape("llama-3-70b"), run.shape("0.5b-llama-vocab")
+    target, draft = model_folder(root, target_shape), model_folder(root, draft_shape)
+    started = time.perf_counter()
+    floors = {}
+    for degree in sorted((int(d) for d in run.args.big_degrees.split(",")), reverse=True):
+        if not run.dry and degree > torch.cuda.device_count():
+            run.summary[f"big_degree_{degree}_error"] = f"needs {degree} GPUs, found {torch.cuda.device_count()}"
+            continue
+        floors[degree] = weight_bytes(target_shape, degree, 4 if run.dry else 2) / bandwidth
+        try:
+            _seventy_b_degree(run, target, draft, target_shape, degree, floors[degree])
+        except Exception as error:  # e.g. out of GPU memory at degree 2 on 80 GB cards: the other degrees stand
+            log(f"70b degree {degree} failed: {error!r}")
+            run.summary[f"big_degree_{degree}_error"] = repr(error)[:2000]
+        run.save()
+    _seventy_b_summary(run, floors, bandwidth, time.perf_counter() - started)
+    run.save()
+
+
+def _seventy_b_degree(run: Run, target: Path, draft: Path, target_shape: str, degree: int, floor_step: float):
+    """One target worker per alpha at this degree (synthetic acceptance is the worker's flag), the draft worker on
+    GPU 0 beside rank 0, one coordinator: target-only, fixed k = 4 and adaptive (bound --adaptive-bound) rows, and at
+    the first alpha the batch-1 outputs (greedy and seeded) that the identity check compares across degrees."""
     from bench_gpu_e2e import stop_processes
     from specsplit.client import Client
     from specsplit.services.service_commands import spawn_service
 
-    target_shape, draft_shape = run.shape("llama-3-70b"), run.shape("0.5b-llama-vocab")
-    target, draft = model_folder(root, target_shape), model_folder(root, draft_shape)
     vocab = SHAPES[target_shape][1]["vocab_size"]
-    element = 4 if run.dry else 2
-    floor_step = weight_bytes(target_shape, 2, element) / bandwidth  # every rank reads its shard at once
     common = ["--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1", "--dtype", run.dtype,
               "--no-prefix-caching", "--warm-up-k", "0"]
     device = "cpu" if run.dry else "cuda:0"
     batches = [int(b) for b in run.args.batches.split(",")]
+    alphas = [float(a) for a in run.args.big_alphas.split(",")]
     procs: list = []
-    started = time.perf_counter()
     # The worker's ranks take the mode from the environment; one that is unavailable falls back to NCCL with a
     # warning in the worker's log.
     with environment(SPECSPLIT_KV_CACHE_BYTES=str(int(run.args.kv_gib * (1 << 30))), **{MODE_ENV: run.args.big_mode}):
         try:
-            run.beat("70b draft start")
+            run.beat(f"70b degree {degree} draft start")
             drafter, d_addr = spawn_service(["draft", "--model", str(draft), "--device", device,
                                              "--weights", "dense", *common])
             procs.append(drafter)
             run.watchdog.processes = procs
-            for alpha in (run.args.alpha, 0.9):
+            for alpha in alphas:
+                first = alpha == alphas[0]
                 t0 = time.perf_counter()
-                run.beat(f"70b target start (alpha {alpha})")
+                run.beat(f"70b degree {degree} target start (alpha {alpha})")
                 worker, t_addr = spawn_service(["target", "--model", str(target), "--device", device,
-                                                "--tensor-parallel-size", "2", "--synthetic-acceptance", str(alpha),
-                                                *common])
+                                                "--tensor-parallel-size", str(degree),
+                                                "--synthetic-acceptance", str(alpha), *common])
                 coordinator, c_addr = spawn_service(["coordinator", "--target", t_addr, "--draft", d_addr, "-k",
-                                                     str(K), "--speculation", "fixed", "--host", "127.0.0.1",
+                                                     str(run.args.adaptive_bound), "--host", "127.0.0.1",
                                                      "--port", "0", "--metrics-port", "-1", "--http-port", "-1"])
                 run.watchdog.processes = procs + [worker, coordinator]
-                log(f"70b target (alpha {alpha}) and coordinator up in {time.perf_counter() - t0:.1f}s")
+                started = round(time.perf_counter() - t0, 1)
+                log(f"70b degree {degree} target (alpha {alpha}) and coordinator up in {started}s")
                 try:
                     with Client(c_addr, timeout=1200) as client:
-                        ks = (0, K) if alpha == run.args.alpha else (K,)
-                        for batch in batches if alpha == run.args.alpha else batches[:1]:
-                            for k in ks:
-                                measured = _client_measure(run, client, batch, k, vocab)
-                                floor = batch / floor_step
-                                values = dict(part="70b", target="llama-3-70b", draft="0.5b (llama vocab)" if k else "",
-                                              degree=2, draft_degree=1 if k else None, channel="socket",
-                                              mode=run.args.big_mode, batch=batch, k=k,
-                                              alpha=alpha if k else None, **measured)
+                        if first:
+                            run.outputs[degree] = _identity_outputs(run, client, vocab)
+                        kinds = [(0, "fixed"), (K, "fixed"), (run.args.adaptive_bound, "adaptive")]
+                        for batch in batches if first else batches[:1]:
+                            for k, speculation in kinds if first else kinds[1:]:
+                                measured = _client_measure(run, client, batch, k, speculation, vocab)
+                                values = dict(part="70b", target="llama-3-70b", degree=degree,
+                                              draft="0.5b (llama vocab)" if k else "", draft_degree=1 if k else None,
+                                              channel="socket", mode=run.args.big_mode, batch=batch,
+                                              k=k if speculation == "fixed" else f"adaptive<={k}",
+                                              alpha=alpha if k else None, target_start_seconds=started, **measured)
                                 if not k:
+                                    floor = batch / floor_step
                                     values.update(bandwidth_floor_tokens_per_s=round(floor, 2),
                                                   fraction_of_floor=round(measured["tokens_per_s"] / floor, 3))
                                 row(run, **values)
@@ -527,26 +556,36 @@ def seventy_b_part(run: Run, root: Path, bandwidth: float) -> None:
                 run.save()
         finally:
             stop_processes(procs)
-    _seventy_b_summary(run, floor_step, bandwidth, time.perf_counter() - started)
-    run.save()
 
 
-def _client_measure(run: Run, client, batch: int, k: int, vocab: int) -> dict:
+def _identity_outputs(run: Run, client, vocab: int) -> dict:
+    """Batch 1, target-only: the greedy tokens and a seeded sample of each of three prompts."""
+    run.beat("70b identity outputs")
+    outputs = {}
+    for i, prompt in enumerate(prompts(3, vocab)):
+        for name, params in (("greedy", dict(temperature=0.0)), ("seeded", dict(temperature=1.0, seed=100 + i))):
+            result = client.generate(prompt, max_tokens=run.args.exact_tokens, ignore_eos=True,
+                                     num_speculative_tokens=0, **params)
+            outputs[f"{name}_{i}"] = list(result.token_ids)
+    return outputs
+
+
+def _client_measure(run: Run, client, batch: int, k: int, speculation: str, vocab: int) -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
     tokens = run.args.tokens if batch == 1 else run.args.batch_tokens
 
     def once():
         with ThreadPoolExecutor(batch) as pool:
-            return list(pool.map(lambda p: client.generate(p, max_tokens=tokens, ignore_eos=True,
-                                                           num_speculative_tokens=k, temperature=0.0),
+            return list(pool.map(lambda p: client.generate(p, max_tokens=tokens, ignore_eos=True, temperature=0.0,
+                                                           num_speculative_tokens=k, speculation=speculation),
                                  prompts(batch, vocab)))
 
-    run.beat(f"70b warm-up batch {batch} k {k}")
-    once()  # warm-up: captures this shape's graphs
+    run.beat(f"70b warm-up batch {batch} k {k} {speculation}")
+    once()  # warm-up: captures this shape's graphs (and, adaptive, lets the policy measure its ks)
     runs = []
     for repeat in range(run.args.repeats):
-        run.beat(f"70b batch {batch} k {k} run {repeat}")
+        run.beat(f"70b batch {batch} k {k} {speculation} run {repeat}")
         runs.append(decode_rate(once()))
     runs.sort(key=lambda r: r["tokens_per_s"])
     median = runs[len(runs) // 2]
@@ -554,24 +593,46 @@ def _client_measure(run: Run, client, batch: int, k: int, vocab: int) -> dict:
             "repeats_tokens_per_s": [round(r["tokens_per_s"], 2) for r in runs]}
 
 
-def _seventy_b_summary(run: Run, floor_step: float, bandwidth: float, seconds: float) -> None:
+def _seventy_b_summary(run: Run, floors: dict, bandwidth: float, seconds: float) -> None:
     rows = [r for r in run.rows if r["part"] == "70b"]
-    run.summary.update(big_weight_bytes_per_rank=int(floor_step * bandwidth),
-                       big_floor_step_ms=round(floor_step * 1e3, 3), big_part_seconds=round(seconds, 1))
+    run.summary["big_part_seconds"] = round(seconds, 1)
+    for degree, floor_step in floors.items():
+        run.summary[f"big_degree_{degree}_weight_bytes_per_rank"] = int(floor_step * bandwidth)
+        run.summary[f"big_degree_{degree}_floor_step_ms"] = round(floor_step * 1e3, 3)
+    goals = {(run.args.alpha, 1): 2.0, (run.args.alpha, 8): 1.6, (0.9, 1): 2.8}
     for r in rows:
-        plain = next((p for p in rows if p["k"] == 0 and p["batch"] == r["batch"]), None)
-        if r["k"] and plain:
+        plain = next((p for p in rows if p["k"] == 0 and p["batch"] == r["batch"] and p["degree"] == r["degree"]),
+                     None)
+        if r["k"] != 0 and plain:
             r["vs_target_only"] = round(r["tokens_per_s"] / plain["tokens_per_s"], 3)
-    for r in rows:
+        prefix = f"big_d{r['degree']}_b{r['batch']}"
         if r["k"] == 0:
-            run.summary[f"big_b{r['batch']}_fraction_of_floor"] = r["fraction_of_floor"]
-            run.summary[f"big_b{r['batch']}_goal_0.7_of_floor_met"] = r["fraction_of_floor"] >= 0.7
+            run.summary[f"{prefix}_fraction_of_floor"] = r["fraction_of_floor"]
+            if r["batch"] in (1, 8):
+                run.summary[f"{prefix}_goal_0.7_of_floor_met"] = r["fraction_of_floor"] >= 0.7
+            lower = next((p for p in rows if p["k"] == 0 and p["batch"] == r["batch"] and p["degree"] < r["degree"]),
+                         None)
+            if lower:
+                ratio = round(r["tokens_per_s"] / lower["tokens_per_s"], 3)
+                run.summary[f"{prefix}_vs_degree_{lower['degree']}"] = ratio
+                if r["batch"] == 1 and r["degree"] == 2 * lower["degree"]:
+                    run.summary[f"{prefix}_goal_1.6x_degree_{lower['degree']}_met"] = ratio >= 1.6
         else:
-            goal = {(run.args.alpha, 1): 2.0, (run.args.alpha, 8): 1.6, (0.9, 1): 2.8}.get((r["alpha"], r["batch"]))
-            key = f"big_spec_alpha{r['alpha']}_b{r['batch']}_vs_target_only"
+            key = f"{prefix}_alpha{r['alpha']}_k{r['k']}_vs_target_only"
             run.summary[key] = r.get("vs_target_only")
+            goal = goals.get((r["alpha"], r["batch"]))
             if goal and r.get("vs_target_only") is not None:
                 run.summary[key.replace("_vs_target_only", f"_goal_{goal}x_met")] = r["vs_target_only"] >= goal
+    degrees = sorted(run.outputs)
+    for low, high in zip(degrees, degrees[1:]):
+        a, b = run.outputs[low], run.outputs[high]
+        for name in ("greedy", "seeded"):
+            keys = [key for key in a if key.startswith(name)]
+            same = sum(a[key] == b[key] for key in keys)
+            run.summary[f"big_{name}_identical_degree_{low}_vs_{high}"] = f"{same} of {len(keys)}"
+            run.summary[f"big_{name}_first_difference_degree_{low}_vs_{high}"] = [
+                next((i for i, (x, y) in enumerate(zip(a[key], b[key])) if x != y), None) for key in keys]
+    run.summary["big_outputs"] = {str(d): o for d, o in run.outputs.items()}
 
 
 # -- main --------------------------------------------------------------------------------------------------------
@@ -589,6 +650,10 @@ def main() -> int:
     parser.add_argument("--alpha", type=float, default=0.7)
     parser.add_argument("--kv-gib", type=float, default=2.0, help="KV cache of each 70b worker rank")
     parser.add_argument("--big-mode", default="nccl", help="the 70b target's all-reduce mode (nccl, symm, fused)")
+    parser.add_argument("--big-degrees", default="2", help="the 70b target's tensor-parallel degrees, e.g. 4,2")
+    parser.add_argument("--big-alphas", default="0.7,0.9", help="the 70b part's synthetic alphas (the first: every "
+                        "batch and the identity outputs; the others: batch 1)")
+    parser.add_argument("--adaptive-bound", type=int, default=8, help="the adaptive rows' bound on k")
     parser.add_argument("--no-gloo-channel", action="store_true", help="skip the degree-2 run over the gloo channel")
     parser.add_argument("--stall-seconds", type=float, default=240, help="exit after this long without progress")
     parser.add_argument("--dry-run", action="store_true", help="CPU, gloo, tiny shapes: the script's own check")

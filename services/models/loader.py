@@ -66,7 +66,7 @@ def load_model(model: str, dtype: str | torch.dtype = "float32", device: str | t
     # Rotary frequencies stay float32 whatever the weights' dtype.
     decoder.rotary = RotaryEmbedding(hf_config, config.head_dim).to(device)
     if state is None:
-        draw_random_weights(decoder, random_weights_settings(path), 0)
+        draw_random_weights(decoder, random_weights_settings(path))
     else:
         decoder.load_hf_state_dict(state)
     decoder.eval().requires_grad_(False)
@@ -80,10 +80,10 @@ def random_weights_settings(path: Path) -> dict | None:
     return json.loads((path / RANDOM_WEIGHTS_MARKER).read_text())
 
 
-def draw_random_weights(decoder: CausalDecoder, settings: dict, stream: int) -> None:
-    """BENCHMARKS ONLY: norms 1, every other weight normal(0, std), drawn on the weights' device (`stream`: a
-    sharded rank's own draw)."""
-    generator = torch.Generator(device=next(decoder.parameters()).device).manual_seed(settings.get("seed", 0) + stream)
+def draw_random_weights(decoder: CausalDecoder, settings: dict) -> None:
+    """BENCHMARKS ONLY: norms 1, every other weight normal(0, std), drawn on the weights' device (a sharded
+    replica draws the same model's tensors by name instead: sharded_loader.RandomCheckpoint)."""
+    generator = torch.Generator(device=next(decoder.parameters()).device).manual_seed(settings.get("seed", 0))
     with torch.no_grad():
         for name, parameter in decoder.named_parameters():
             if "norm" in name:

@@ -8,6 +8,7 @@ Hugging Face folder first (built-in names already are one).
 
 import glob
 import os
+import zlib
 
 import torch
 from safetensors import safe_open
@@ -16,8 +17,8 @@ from transformers import AutoConfig
 from specsplit.services.errors import InvalidArgument
 from specsplit.services.models.config import DecoderConfig
 from specsplit.services.models.decoder import CausalDecoder
-from specsplit.services.models.loader import (DTYPES, LoadedModel, _tokenizer_or_none, draw_random_weights,
-                                              random_weights_settings, resolve_model_path)
+from specsplit.services.models.loader import (DTYPES, LoadedModel, _tokenizer_or_none, random_weights_settings,
+                                              resolve_model_path)
 from specsplit.services.models.rotary import RotaryEmbedding
 from specsplit.services.models.tensor_parallel import ShardPlan, shard_decoder
 
@@ -49,12 +50,13 @@ def load_model_shard(model: str, rank: int, world_size: int, group, dtype="float
     decoder.rotary = RotaryEmbedding(hf_config, full.head_dim).to(device)
     files = sorted(glob.glob(str(path / "*.safetensors")))
     settings = random_weights_settings(path)
-    if settings is not None:  # BENCHMARKS ONLY: each rank draws its shard's random weights on its device
-        draw_random_weights(decoder, settings, rank)
+    if settings is not None:  # BENCHMARKS ONLY: each rank draws the whole model's tensors on its device, one at a time
+        random = RandomCheckpoint(full, settings, torch_dtype, device)
+        _load_slices(decoder, plan, {name: random for name in random.shapes})
     elif not files:
         raise InvalidArgument(f"{path} has no .safetensors weights")
     else:
-        _load_slices(decoder, plan, files)
+        _load_slices(decoder, plan, {name: h for h in (safe_open(f, framework="pt") for f in files) for name in h.keys()})
     if full.tie_word_embeddings:
         decoder.lm_head.linear.weight = decoder.model.embed_tokens.weight
     decoder.eval().requires_grad_(False)
@@ -62,10 +64,9 @@ def load_model_shard(model: str, rank: int, world_size: int, group, dtype="float
     return LoadedModel(decoder, plan.shard_config(), tokenizer, str(path), os.path.basename(str(path).rstrip("/")))
 
 
-def _load_slices(decoder: CausalDecoder, plan: ShardPlan, files: list[str]) -> None:
+def _load_slices(decoder: CausalDecoder, plan: ShardPlan, where: dict) -> None:
+    """`where`: checkpoint name -> what holds it (a safe_open handle, or a RandomCheckpoint)."""
     config = plan.config
-    handles = [safe_open(f, framework="pt") for f in files]
-    where = {name: h for h in handles for name in h.keys()}
     own = dict(decoder.named_parameters())
     loaded: set[str] = set()
     head_dim = config.head_dim
@@ -132,3 +133,53 @@ def _vocab_rows(read, name: str, plan: ShardPlan) -> torch.Tensor:
     if stop - first < rows:
         tensor = torch.cat([tensor, tensor.new_zeros(rows - (stop - first), tensor.shape[1])])
     return tensor
+
+
+class RandomCheckpoint:
+    """BENCHMARKS ONLY: a checkpoint of random weights under the Hugging Face names, each tensor drawn whole from a
+    generator seeded by its name (norms 1, every other tensor normal(0, std)), so every degree's shards are slices
+    of one model and a degree-2 replica computes what a degree-4 one does. Read like safe_open's handles: a tensor
+    is drawn when a slice of it is read and dropped after."""
+
+    def __init__(self, full: DecoderConfig, settings: dict, dtype: torch.dtype, device):
+        self.settings, self.dtype, self.device = settings, dtype, device
+        hidden, q, kv = full.hidden_size, full.num_heads * full.head_dim, full.num_kv_heads * full.head_dim
+        shapes = {"model.norm.weight": (hidden,), "model.embed_tokens.weight": (full.vocab_size, hidden)}
+        if not full.tie_word_embeddings:
+            shapes["lm_head.weight"] = (full.vocab_size, hidden)
+        for i in range(full.num_layers):
+            attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+            shapes.update({f"{attn}q_proj.weight": (q, hidden), f"{attn}k_proj.weight": (kv, hidden),
+                           f"{attn}v_proj.weight": (kv, hidden), f"{attn}o_proj.weight": (hidden, q),
+                           f"{mlp}gate_proj.weight": (full.intermediate_size, hidden),
+                           f"{mlp}up_proj.weight": (full.intermediate_size, hidden),
+                           f"{mlp}down_proj.weight": (hidden, full.intermediate_size),
+                           f"model.layers.{i}.input_layernorm.weight": (hidden,),
+                           f"model.layers.{i}.post_attention_layernorm.weight": (hidden,)})
+            if full.qkv_bias:
+                shapes.update({f"{attn}q_proj.bias": (q,), f"{attn}k_proj.bias": (kv,), f"{attn}v_proj.bias": (kv,)})
+            if full.o_bias:
+                shapes[f"{attn}o_proj.bias"] = (hidden,)
+            if full.mlp_bias:
+                shapes.update({f"{mlp}gate_proj.bias": (full.intermediate_size,),
+                               f"{mlp}up_proj.bias": (full.intermediate_size,), f"{mlp}down_proj.bias": (hidden,)})
+        self.shapes = shapes
+
+    def get_slice(self, name: str) -> "_Drawn":
+        return _Drawn(self, name)
+
+    def draw(self, name: str) -> torch.Tensor:
+        tensor = torch.empty(self.shapes[name], dtype=self.dtype, device=self.device)
+        if "norm" in name:
+            return tensor.fill_(1.0)
+        seed = self.settings.get("seed", 0) * (1 << 32) + zlib.crc32(name.encode())
+        generator = torch.Generator(device=tensor.device).manual_seed(seed)
+        return tensor.normal_(0.0, self.settings.get("std", 0.02), generator=generator)
+
+
+class _Drawn:
+    def __init__(self, checkpoint: RandomCheckpoint, name: str):
+        self.checkpoint, self.name = checkpoint, name
+
+    def __getitem__(self, index) -> torch.Tensor:
+        return self.checkpoint.draw(self.name)[index]

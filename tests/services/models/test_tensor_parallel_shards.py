@@ -68,7 +68,8 @@ def test_a_rank_loads_exactly_its_slices(tmp_path, rank):
 
 def test_random_weights_folders_load_whole_and_as_shards(tmp_path):
     """BENCHMARKS ONLY: a config and the random-weights marker, no weights: each process draws its weights on its
-    device (a whole model at degree 1, each rank its own shard), the same on every load."""
+    device (a whole model at degree 1; at degree > 1 each rank reads its slices of tensors drawn by name, so the
+    shards of degrees 2 and 4 are slices of one model), the same on every load."""
     import json
 
     from specsplit.services.models.loader import RANDOM_WEIGHTS_MARKER, load_model
@@ -85,3 +86,10 @@ def test_random_weights_folders_load_whole_and_as_shards(tmp_path):
     shards = [load_model_shard(str(path), r, 2, NoCollectives(), "float32", with_tokenizer=False) for r in (0, 1)]
     weights = [s.model.model.layers[0].mlp.gate_up_proj.weight for s in shards]
     assert weights[0].shape == (128, 64) and not torch.equal(weights[0], weights[1])
+    quarters = [load_model_shard(str(path), r, 4, NoCollectives(), "float32", with_tokenizer=False) for r in range(4)]
+    for half, pair in ((shards[0], quarters[:2]), (shards[1], quarters[2:])):
+        down = [s.model.model.layers[1].mlp.down_proj.linear.weight for s in (half, *pair)]
+        assert torch.equal(down[0], torch.cat(down[1:], 1))  # row-parallel: columns
+    vocab = build_model("qwen2").config.vocab_size  # the last rank's rows are padded past it
+    whole_vocab = [torch.cat([s.model.model.embed_tokens.weight for s in each])[:vocab] for each in (shards, quarters)]
+    assert torch.equal(*whole_vocab)  # the vocabulary: rows
