@@ -32,6 +32,16 @@ def load_tokenizer(source: str | None):
     return AutoTokenizer.from_pretrained(path)
 
 
+def worker_tokenizer(model_path: str):
+    """The tokenizer of the folder the target loaded, or None where it has none (a folder of weights alone serves
+    token-id prompts, as the worker itself does)."""
+    try:
+        return load_tokenizer(model_path)
+    except (OSError, ValueError) as error:
+        log.warning("the target's model at %s has no tokenizer that loads here: %s", model_path, error)
+        return None
+
+
 async def connect_pools(target_addresses, draft_variants, connect_timeout, security=None, local_target=None,
                         client_options: dict | None = None):
     """-> (target pool, draft pools); draft_variants is [(name, weight, [addresses])]. `local_target`: a replica in
@@ -105,10 +115,14 @@ async def start_coordinator(
     target_pool, draft_pools = await connect_pools(targets, draft_variants, connect_timeout, worker_security,
                                                    local_target, client_options)
     first = target_pool.replicas[0].info
-    tok = load_tokenizer(tokenizer or first.model_path)
-    if tok is None:
-        log.warning("no tokenizer: the target does not say where its model is (it admits unauthenticated callers); "
-                    "give --tokenizer MODEL for text prompts")
+    if tokenizer:
+        tok = load_tokenizer(tokenizer)
+    else:
+        tok = worker_tokenizer(first.model_path)
+        if tok is None:
+            log.warning("no tokenizer: the target's model folder has none, or the target does not say where its "
+                        "model is (it admits unauthenticated callers); token-id prompts only, or give --tokenizer "
+                        "MODEL for text prompts")
     coordinator = Coordinator(target_pool, draft_pools, tok, list(first.eos_token_ids), config)
     observability = observe_coordinator(coordinator, first.model, metrics_host, metrics_port)  # metrics_port < 0: none
     watching = None
