@@ -8,6 +8,8 @@ from typing import NamedTuple
 
 import promql_parser
 
+from metrics_page import scrape  # noqa: F401  (the dashboard tests read pages with it)
+
 DASHBOARD = Path(__file__).resolve().parents[1] / "charts" / "specsplit" / "dashboards" / "specsplit.json"
 # Added to every series by Prometheus (the target's namespace) and the chart's monitors (podTargetLabels), not by
 # the processes themselves.
@@ -78,20 +80,6 @@ def named_metrics(board: dict | None = None, operator: bool | None = None) -> di
             if operator is None or selector.name.startswith(OPERATOR_PREFIX) == operator:
                 names.setdefault(selector.name, set()).update(selector.labels)
     return names
-
-
-def scrape(url: str) -> dict[tuple, float]:
-    """{(sample name, sorted labels): value} from the Prometheus text page at `url`/metrics."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text) for s in family.samples
-    }
 
 
 def exported(samples: dict) -> dict[str, set[str]]:

@@ -10,7 +10,7 @@ import grpc
 
 from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
 from specsplit.services.service_commands import spawn_service
-from dashboard_queries import scrape  # noqa: F401  (the tests import it from here too)
+from metrics_page import scrape  # noqa: F401  (the tests import it from here too)
 
 
 def free_port() -> int:
