@@ -157,13 +157,13 @@ class DraftWork:
 
     def __enter__(self):
         policy, proposer, verifier = self.engine.coordinator.policy, self.engine.proposer, self.engine.verifier
-        self.saved = (policy.choose, proposer and proposer.prefill, proposer and proposer.propose, verifier.prefill,
-                      verifier.verify)
+        self.saved = (policy.choose_round, proposer and proposer.prefill, proposer and proposer.propose,
+                      verifier.prefill, verifier.verify)
 
-        def choose(*args, **kwargs):
-            k = self.saved[0](*args, **kwargs)
+        def choose_round(*args, **kwargs):  # what the coordinator calls for a round's k
+            k, probe = self.saved[0](*args, **kwargs)
             self.k_rounds[k] = self.k_rounds.get(k, 0) + 1
-            return k
+            return k, probe
 
         def timed(name, call):
             def wrapper(*args, **kwargs):
@@ -175,7 +175,7 @@ class DraftWork:
                     self.calls[name][1] += time.perf_counter() - t0
             return wrapper
 
-        policy.choose = choose
+        policy.choose_round = choose_round
         verifier.prefill = timed("target_prefill", self.saved[3])
         verifier.verify = timed("target_verify", self.saved[4])
         if proposer is not None:
@@ -185,7 +185,7 @@ class DraftWork:
 
     def __exit__(self, *exc):
         policy, proposer, verifier = self.engine.coordinator.policy, self.engine.proposer, self.engine.verifier
-        del policy.choose, verifier.prefill, verifier.verify
+        del policy.choose_round, verifier.prefill, verifier.verify
         if proposer is not None:
             del proposer.prefill, proposer.propose
 
