@@ -1,7 +1,8 @@
-"""Tensor parallelism on two GPUs (the 70b part: two or four): random-weight bf16 models of real shapes; rank 0 in this process (in-process
-engine) or in a target worker process (services), rank 1 its child; NCCL between them, and the peer-to-peer
-all-reduces over NVLink (runtime/tensor_parallel_all_reduce.py) where they run. NVLink multicast stays off
-(NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1, set here for every process).
+"""Tensor parallelism on two GPUs (the 70b part: two or four): random-weight bf16 models of real shapes; rank 0 in
+this process (in-process engine) or in a target worker process (services), the other ranks its children; NCCL
+between them, and the peer-to-peer all-reduces over NVLink (runtime/tensor_parallel_all_reduce.py) where they run.
+NVLink multicast stays off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1, set
+here for every process).
 
 Parts (--parts; the default is the 2x H100 run, `70b` is its own run):
 - exact: a small model (float32, then bf16) at degree 2 gives the degree-1 greedy tokens and seeded samples at

@@ -56,7 +56,8 @@ def load_model_shard(model: str, rank: int, world_size: int, group, dtype="float
     elif not files:
         raise InvalidArgument(f"{path} has no .safetensors weights")
     else:
-        _load_slices(decoder, plan, {name: h for h in (safe_open(f, framework="pt") for f in files) for name in h.keys()})
+        handles = [safe_open(f, framework="pt") for f in files]
+        _load_slices(decoder, plan, {name: h for h in handles for name in h.keys()})
     if full.tie_word_embeddings:
         decoder.lm_head.linear.weight = decoder.model.embed_tokens.weight
     decoder.eval().requires_grad_(False)
