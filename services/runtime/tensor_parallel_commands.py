@@ -13,11 +13,15 @@ arrives, so the command's latency is paid on every step. Two channels, chosen by
   millisecond or two while a replica decodes, and waking a blocked thread costs tens of microseconds), then
   blocks, so an idle replica burns no CPU; on the CPU, where the ranks compute on the cores a poll would take, it
   blocks at once. A socket also reports a lost peer at once: rank 0's send fails when a follower is gone, a
-  follower's receive ends when rank 0 is.
+  follower's receive ends when rank 0 is. A follower joins by sending its rank and a random token rank 0 put in
+  the replica's store; a connection that does not within JOIN_READ_TIMEOUT_SECONDS, or claims a rank out of range
+  or already taken, is closed and rank 0 waits on for the real one.
 - "gloo": a broadcast of a pickled frame on a gloo group, the channel before sockets (kept to measure against).
 """
 
 import datetime
+import hmac
+import logging
 import os
 import pickle
 import socket
@@ -30,12 +34,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+log = logging.getLogger(__name__)
+
 CHANNEL_ENV = "SPECSPLIT_TP_COMMANDS"
 SPIN_ENV = "SPECSPLIT_TP_SPIN_SECONDS"
 DEFAULT_SPIN_SECONDS = 0.02
 # Followers wait for rank 0's next command as long as the replica is idle.
 IDLE_TIMEOUT = datetime.timedelta(days=365)
 CONNECT_TIMEOUT_SECONDS = 300.0
+# A follower says who it is as soon as it connects: a connection that does not within this long is not one.
+JOIN_READ_TIMEOUT_SECONDS = 10.0
+_JOIN = struct.Struct("<I16s")  # rank, the replica's join token (from the store)
 # gloo: a command (its packed inputs and shape) usually fits one frame: one broadcast per operation.
 COMMAND_FRAME_BYTES = 4096
 
@@ -152,16 +161,23 @@ def _accept_followers(world_size: int, store) -> dict[int, socket.socket]:
         path = "\0" + name if sys.platform.startswith("linux") else os.path.join(_socket_dir(), name)
         listener.bind(path)
         address = "unix:" + path
-    listener.listen(world_size)
-    listener.settimeout(CONNECT_TIMEOUT_SECONDS)
+    listener.listen(max(world_size, 16))
+    token = os.urandom(16)  # only processes that can read the replica's store know it
+    store.set("token", token)
     store.set("address", address)
+    deadline = time.monotonic() + CONNECT_TIMEOUT_SECONDS
     peers = {}
     try:
         while len(peers) < world_size - 1:
+            listener.settimeout(max(deadline - time.monotonic(), 0.001))
             connection, _ = listener.accept()
+            rank = _joining_rank(connection, token, world_size, peers)
+            if rank is None:  # not a follower of this replica (or a second one claiming a rank): not let in
+                connection.close()
+                continue
             connection.settimeout(None)
             _no_delay(connection)
-            peers[int.from_bytes(_read_exactly(connection, 4), "little")] = connection
+            peers[rank] = connection
     finally:
         listener.close()
         if address.startswith("unix:") and not address.startswith("unix:\0"):
@@ -169,18 +185,35 @@ def _accept_followers(world_size: int, store) -> dict[int, socket.socket]:
     return dict(sorted(peers.items()))
 
 
+def _joining_rank(connection: socket.socket, token: bytes, world_size: int, peers: dict) -> int | None:
+    """The rank a new connection joins as, or None (it said nothing in time, not the token, or a rank that is out
+    of range or taken)."""
+    connection.settimeout(JOIN_READ_TIMEOUT_SECONDS)
+    try:
+        rank, sent = _JOIN.unpack(_read_exactly(connection, _JOIN.size))
+    except (OSError, CommandChannelClosed) as error:  # socket.timeout is an OSError
+        log.warning("tensor-parallel command channel: a connection did not join (%s)", error)
+        return None
+    if not hmac.compare_digest(sent, token) or not 0 < rank < world_size or rank in peers:
+        log.warning("tensor-parallel command channel: refused a connection joining as rank %d", rank)
+        return None
+    return rank
+
+
 def _connect_to_driver(rank: int, store) -> socket.socket:
     address = store.get("address").decode()
+    token = store.get("token")
     if address.startswith("tcp:"):
         _, host, port = address.split(":")
         connection = socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_SECONDS)
     else:
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        connection.settimeout(CONNECT_TIMEOUT_SECONDS)
+        # Blocking: with a timeout set, a Unix socket whose backlog is full refuses at once (EAGAIN) instead of
+        # waiting for rank 0 to accept the connections ahead (a stranger's among them).
         connection.connect(address[len("unix:"):])
     connection.settimeout(None)
     _no_delay(connection)
-    connection.sendall(rank.to_bytes(4, "little"))
+    connection.sendall(_JOIN.pack(rank, token))
     return connection
 
 

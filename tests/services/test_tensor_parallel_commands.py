@@ -4,12 +4,14 @@ step's inputs as raw bytes, its shape defined once; a pickled command larger tha
 channels; and a lost peer is reported at once on either side, never a hang."""
 
 import datetime
+import socket
 import threading
 
 import numpy as np
 import pytest
 import torch.distributed as dist
 
+from specsplit.services.runtime import tensor_parallel_commands as commands
 from specsplit.services.runtime.tensor_parallel_commands import CommandChannelClosed, open_command_channel
 from specsplit.services.target.verify_steps import VerifyShape
 from specsplit.services.sampling.logits_processing import SamplingFlags
@@ -98,6 +100,49 @@ def test_eager_steps_carry_their_shape_and_keep_no_definitions():
     assert len(driver._defined) == 0 and len(follower._definitions) == 1
     driver.close()
     follower.close()
+
+
+def test_only_the_replicas_followers_join(monkeypatch):
+    """Before the real followers: a connection that says nothing, one with a wrong token claiming rank 1, and ones
+    with the right token claiming rank 0 or 3 of a 3-rank replica. All are turned away; the real ranks join and get
+    the commands."""
+    monkeypatch.setattr(commands, "JOIN_READ_TIMEOUT_SECONDS", 0.5)
+    world_size = 3
+    store = dist.TCPStore("127.0.0.1", 0, world_size, True, timeout=datetime.timedelta(seconds=60),
+                          wait_for_workers=False)
+    channels: list = [None] * world_size
+
+    def open_rank(rank):
+        rank_store = store if rank == 0 else dist.TCPStore("127.0.0.1", store.port, world_size, False,
+                                                           timeout=datetime.timedelta(seconds=60))
+        channels[rank] = open_command_channel(rank, world_size, rank_store, False, "socket")
+
+    driver = threading.Thread(target=open_rank, args=(0,))
+    driver.start()
+    watcher = dist.TCPStore("127.0.0.1", store.port, world_size, False, timeout=datetime.timedelta(seconds=60))
+    shared = dist.PrefixStore("commands", watcher)  # (a store client is not shared between threads)
+    path = shared.get("address").decode()[len("unix:"):]
+    token = shared.get("token")
+    strangers = []
+    for join in (b"", commands._JOIN.pack(1, bytes(16)), commands._JOIN.pack(0, token), commands._JOIN.pack(3, token)):
+        stranger = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        stranger.connect(path)
+        stranger.sendall(join)
+        strangers.append(stranger)
+    followers = [threading.Thread(target=open_rank, args=(r,)) for r in (1, 2)]
+    for t in followers:
+        t.start()
+    for t in (driver, *followers):
+        t.join(timeout=60)
+    assert all(c is not None for c in channels) and sorted(channels[0].peers) == [1, 2]
+    channels[0].send(("tables", ("grow",)))
+    assert channels[1].receive() == channels[2].receive() == ("tables", ("grow",))
+    for stranger in strangers:
+        stranger.settimeout(30)
+        assert stranger.recv(1) == b""  # closed by rank 0, never sent a command
+        stranger.close()
+    for channel in channels:
+        channel.close()
 
 
 def test_a_lost_follower_fails_rank_zeros_next_send():
