@@ -356,7 +356,9 @@ def _run_serve(args) -> int:
     speculating = bool(args.draft) or ngram
     k = args.num_speculative_tokens if args.num_speculative_tokens is not None else 4
     model_flags = ["--dtype", args.dtype, "--device", args.device, "--block-size", str(args.block_size)]
-    model_flags += batch_invariant_argv(args)
+    # On a GPU the workers capture the graphs of rounds up to the coordinator's bound before serving, so no round
+    # of a larger k (the policy climbs to it) waits for a capture mid-stream.
+    model_flags += ["--warm-up-k", str(max(k, 4))] + batch_invariant_argv(args)
     worker_metrics = ["--metrics-port", "0" if args.metrics_port >= 0 else "-1"]
     if args.num_kv_blocks:
         model_flags += ["--num-kv-blocks", str(args.num_kv_blocks)]

@@ -13,11 +13,15 @@ from specsplit.services.service_commands import spawn_service
 CORES = len(os.sched_getaffinity(0))
 
 
-def _serve_threads(tiny_pair, *flags) -> dict[str, int]:
-    """Start `serve` on the tiny pair, read what each of its processes says it set, stop it."""
+def _serve_threads(tiny_pair, *flags, commands: list | None = None) -> dict[str, int]:
+    """Start `serve` on the tiny pair, read what each of its processes says it set, stop it. `commands`: gets each
+    child process's argv."""
     argv = ["serve", "--target", str(tiny_pair["target"]), "--draft", str(tiny_pair["close"]), "--port", "0",
             "--metrics-port", "-1", "--num-kv-blocks", "16", *flags]
     serve, _ = spawn_service(argv, stderr=subprocess.PIPE)
+    if commands is not None:
+        children = open(f"/proc/{serve.pid}/task/{serve.pid}/children").read().split()
+        commands += [open(f"/proc/{pid}/cmdline").read().split("\0") for pid in children]
     serve.terminate()
     _, stderr = serve.communicate(timeout=60)
     said = {}
@@ -30,9 +34,13 @@ def _serve_threads(tiny_pair, *flags) -> dict[str, int]:
 
 def test_serve_sets_each_processes_threads(tiny_pair):
     """Defaults for the target (every core) and the coordinator (one); the draft's flag passed through. One serve
-    for both: each start of three processes costs tens of seconds on a loaded 2-core machine."""
-    said = _serve_threads(tiny_pair, "--draft-threads", "1")
+    for both (each start of three processes costs tens of seconds on a loaded 2-core machine), and for what the
+    workers warm up: rounds up to serve's bound on k (on a GPU, their graphs before serving)."""
+    commands: list = []
+    said = _serve_threads(tiny_pair, "--draft-threads", "1", "-k", "6", commands=commands)
     assert said == {"target": CORES, "draft": 1, "coordinator": 1}
+    workers = [c for c in commands if "target" in c[2:4] or "draft" in c[2:4]]
+    assert len(workers) == 2 and all(c[c.index("--warm-up-k") + 1] == "6" for c in workers)
 
 
 def test_thread_defaults_and_bad_counts():
