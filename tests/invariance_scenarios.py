@@ -121,3 +121,17 @@ def check_seeded(engine, batch: int, max_tokens: int) -> None:
         got = run(engine, requests)
         assert got[:4] == want, f"k={k}: a seeded request's tokens depend on its batch"
 
+
+def check_prefix_cache_hit(engine, max_tokens: int) -> None:
+    """A prompt whose first blocks come from the prefix cache gets the tokens it got computed from scratch: alone
+    target-only before anything of it was cached, then again (its prefill now starting past the cached blocks),
+    target-only and speculative, beside other requests."""
+    prompt = "A prompt met twice, the second time from the prefix cache: " + "abc " * 8  # 92 bytes, 5 full blocks
+    cache = engine.target_runner.block_manager.prefix_cache
+    hits = cache.hit_tokens
+    cold = run(engine, [(prompt, greedy(max_tokens, 0))])[0]
+    assert cache.hit_tokens == hits, "the prompt must not have been cached before"
+    for k in (0, 4):
+        warm = run(engine, [(prompt, greedy(max_tokens, k))] + [(p, greedy(max_tokens, k)) for p in PROMPTS[:3]])
+        assert warm[0] == cold, f"k={k}: a prefix-cache hit changed the prompt's tokens"
+    assert cache.hit_tokens - hits >= 2 * 64, "both runs after the first must find its full blocks cached"

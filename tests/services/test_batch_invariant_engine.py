@@ -1,7 +1,8 @@
 """The batch-invariant mode on the CPU (the torch references), bf16, tiny models: greedy speculative output equals
 target-only output alone at batch 1, 8 and 32 with a close and an unrelated draft, with mixed k, catch-ups and
 sequences joining mid-batch, and under adaptive speculation; seeded sampled requests get their tokens alone at any
-batch. The same checks run on a GPU in tests/services/test_gpu_engine.py.
+batch; a prompt found in the prefix cache gets the tokens it got computed from scratch. The same checks (but the
+prefix-cache one) run on a GPU in tests/services/test_gpu_engine.py.
 
 On this CPU the default mode passes these scenarios too (the tiny flat models meet no near-tie that the default's
 batch-dependent rounding flips), so here they guard the mode's own kernels and scheduling only: that the mode runs
@@ -11,7 +12,8 @@ the mode's do not); the engine-level evidence is the GPU tests, where the defaul
 
 import pytest
 
-from invariance_scenarios import PROMPTS, alone, check_greedy, check_seeded, greedy, run, save_flat_pair
+from invariance_scenarios import (PROMPTS, alone, check_greedy, check_prefix_cache_hit, check_seeded, greedy, run,
+                                 save_flat_pair)
 from specsplit.kernels import dispatch
 from specsplit.services.errors import InvalidArgument
 from specsplit.services.local_engine import LocalEngine
@@ -60,6 +62,12 @@ def test_seeded_sampling_does_not_depend_on_the_batch(flat_pair):
     engine = LocalEngine(flat_pair["target"], flat_pair["close"], num_speculative_tokens=4, dtype="bfloat16",
                          speculation="fixed")
     check_seeded(engine, batch=8, max_tokens=MAX_TOKENS)
+
+
+def test_a_prefix_cache_hit_gives_the_tokens_computed_from_scratch(flat_pair):
+    engine = LocalEngine(flat_pair["target"], flat_pair["close"], num_speculative_tokens=4, dtype="bfloat16",
+                         speculation="fixed")
+    check_prefix_cache_hit(engine, MAX_TOKENS)
 
 
 def test_the_mode_refuses_what_it_cannot_make_invariant(flat_pair):
