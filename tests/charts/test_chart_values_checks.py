@@ -156,6 +156,17 @@ def _target_has_the_node_env(m) -> bool:
     return {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in _pod(m, "target")["containers"][0]["env"]
 
 
+def _coordinator_in_the_target_pods(m) -> bool:
+    deployments = pod_templates(m)
+    return (f"{RELEASE}-specsplit-coordinator" not in deployments
+            and "--coordinate" in _pod(m, "target")["containers"][0]["command"])
+
+
+def _workers_batch_invariant(m) -> bool:
+    return (speculative_deployment(m)["spec"].get("batchInvariant") is True
+            and all("--batch-invariant" in _pod(m, role)["containers"][0]["command"] for role in ("target", "draft")))
+
+
 # The refused values made consistent, each with what the rendered release must then do.
 CONSISTENT = {
     "replicas within bounds": ({"target": {"replicas": {"min": 2, "max": 5}}},
@@ -175,6 +186,10 @@ CONSISTENT = {
     "env from one source": (
         {"target": {"extraEnv": [{"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]}},
         _target_has_the_node_env),
+    "co-located with the default coordinator replicas": ({"coordinator": {"colocated": True}},
+                                                         _coordinator_in_the_target_pods),
+    "batch invariance with unsharded workers": ({"speculativeDeployment": {"batchInvariant": True}},
+                                                _workers_batch_invariant),
 }
 
 
