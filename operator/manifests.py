@@ -25,6 +25,8 @@ from specsplit.operator import grpc_security, naming
 from specsplit.operator.draft_source import draft_flags, is_ngram
 from specsplit.operator.spec import DeploymentSpec, InternalTLS, Resources, RoleSpec
 
+WORKERS_WARM_UP_K = 4  # `specsplit target|draft --warm-up-k`'s default
+
 GPU_RESOURCE = "nvidia.com/gpu"
 # A coordinator spins (`--spin-wait auto`) only where its pod requests a core for the spinning loop and one for the
 # rest of its work: auto alone counts the node's CPUs, which a pod's request does not narrow.
@@ -163,10 +165,11 @@ def _requested_cores(resources: Resources) -> float:
 
 
 def worker_command(role: str, model: str, tensor_parallel_size: int, tls: InternalTLS | None = None,
-                   worker_auth: str | None = None, batch_invariant: bool = False) -> list[str]:
-    """`model`: for a draft, what its pool runs (draft_source.py): a model, or the n-gram proposer's flags."""
+                   worker_auth: str | None = None, batch_invariant: bool = False, max_k: int = 4) -> list[str]:
+    """`model`: for a draft, what its pool runs (draft_source.py): a model, or the n-gram proposer's flags;
+    `max_k`: the deployment's bound on proposals per round."""
     security = grpc_security.worker_args(tls, worker_auth)
-    return _worker_flags(role, model, tensor_parallel_size, batch_invariant) + security
+    return _worker_flags(role, model, tensor_parallel_size, batch_invariant, max_k=max_k) + security
 
 
 def colocated_target_command(spec: DeploymentSpec, model: str, tensor_parallel_size: int) -> list[str]:
@@ -178,7 +181,8 @@ def colocated_target_command(spec: DeploymentSpec, model: str, tensor_parallel_s
     for both sides) makes them require the workers' secret; without one they listen on loopback only (no
     --allow-unauthenticated)."""
     return [
-        *_worker_flags(naming.TARGET, model, tensor_parallel_size, spec.batch_invariant, round_port=-1),
+        *_worker_flags(naming.TARGET, model, tensor_parallel_size, spec.batch_invariant, round_port=-1,
+                       max_k=spec.num_speculative_tokens),
         "--coordinate",
         "--coordinator-port", str(naming.COLOCATED_GRPC_PORT),
         "--coordinator-metrics-port", str(naming.COLOCATED_METRICS_PORT),
@@ -189,7 +193,7 @@ def colocated_target_command(spec: DeploymentSpec, model: str, tensor_parallel_s
 
 
 def _worker_flags(role: str, model: str, tensor_parallel_size: int, batch_invariant: bool,
-                  round_port: int = naming.ROUND_PORT) -> list[str]:
+                  round_port: int = naming.ROUND_PORT, max_k: int = 4) -> list[str]:
     """`round_port` -1: none (the CLI's "rounds over gRPC")."""
     source = draft_flags(model) if role == naming.DRAFT else ["--model", model]
     command = ["specsplit", role, *source, "--port", str(naming.GRPC_PORT), "--round-port", str(round_port),
@@ -198,6 +202,10 @@ def _worker_flags(role: str, model: str, tensor_parallel_size: int, batch_invari
         command += ["--tensor-parallel-size", str(tensor_parallel_size)]
     if batch_invariant and not is_ngram(model):  # the n-gram proposer runs no kernels
         command.append("--batch-invariant")
+    if max_k > WORKERS_WARM_UP_K and not is_ngram(model):
+        # On a GPU a worker captures the rounds' graphs up to this k before serving: a policy climbing past the
+        # workers' default would otherwise make a round wait for a capture.
+        command += ["--warm-up-k", str(max_k)]
     return command
 
 
@@ -248,7 +256,7 @@ def worker_deployment(instance: str, spec: DeploymentSpec, component: str, role:
         startup_failures = COLOCATED_STARTUP_FAILURES
     else:
         command = worker_command(command_role, model, role.tensor_parallel_size, spec.tls,
-                                 spec.worker_auth_secret_name, spec.batch_invariant)
+                                 spec.worker_auth_secret_name, spec.batch_invariant, spec.num_speculative_tokens)
         ports = [{"name": "round", "containerPort": naming.ROUND_PORT, "protocol": "TCP"}]
         secret_volumes, secret_mounts = grpc_security.worker_volumes(spec.tls, spec.worker_auth_secret_name)
         probe = grpc_security.health_check(tls_served=spec.tls is not None)

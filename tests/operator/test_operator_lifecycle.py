@@ -55,10 +55,10 @@ async def test_create_builds_every_object_owned_and_labelled(operator: RunningOp
     target, draft, coordinator = [await cluster.get("deploy", f"coder-{c}") for c in ("target", "draft", "coordinator")]
     assert command(target) == ["specsplit", "target", "--model", "qwen2.5-coder-1.5b-instruct",
                                "--port", "50051", "--round-port", "50061", "--metrics-port", "9090",
-                               "--metrics-host", "0.0.0.0", "--allow-unauthenticated"]
+                               "--metrics-host", "0.0.0.0", "--warm-up-k", "5", "--allow-unauthenticated"]
     assert command(draft) == ["specsplit", "draft", "--model", "qwen2.5-coder-0.5b-instruct",
                               "--port", "50051", "--round-port", "50061", "--metrics-port", "9090",
-                              "--metrics-host", "0.0.0.0", "--allow-unauthenticated"]
+                              "--metrics-host", "0.0.0.0", "--warm-up-k", "5", "--allow-unauthenticated"]
     assert command(coordinator) == ["specsplit", "coordinator", "--target", "coder-target:50051",
                                     "--draft-variants-file", "/etc/specsplit/config/draft-variants.json",
                                     "--port", "50051", "--metrics-port", "9090", "--metrics-host", "0.0.0.0",

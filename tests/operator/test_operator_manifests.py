@@ -67,13 +67,14 @@ def test_pod_commands_follow_the_cli_contract() -> None:
     built = objects()
     assert container(built[("Deployment", "coder-target")])["command"] == [
         "specsplit", "target", "--model", "qwen2.5-coder-7b-instruct", "--port", "50051", "--round-port", "50061",
-        "--metrics-port", "9090", "--metrics-host", "0.0.0.0", "--tensor-parallel-size", "2", "--allow-unauthenticated"]
+        "--metrics-port", "9090", "--metrics-host", "0.0.0.0", "--tensor-parallel-size", "2", "--warm-up-k", "6",
+        "--allow-unauthenticated"]
     assert container(built[("Deployment", "coder-draft")])["command"] == [
         "specsplit", "draft", "--model", "qwen2.5-coder-0.5b-instruct", "--port", "50051", "--round-port", "50061",
-        "--metrics-port", "9090", "--metrics-host", "0.0.0.0", "--allow-unauthenticated"]
+        "--metrics-port", "9090", "--metrics-host", "0.0.0.0", "--warm-up-k", "6", "--allow-unauthenticated"]
     assert container(built[("Deployment", "coder-draft-canary")])["command"] == [
         "specsplit", "draft", "--model", "draft-v2", "--port", "50051", "--round-port", "50061",
-        "--metrics-port", "9090", "--metrics-host", "0.0.0.0", "--allow-unauthenticated"]
+        "--metrics-port", "9090", "--metrics-host", "0.0.0.0", "--warm-up-k", "6", "--allow-unauthenticated"]
     assert container(built[("Deployment", "coder-coordinator")])["command"] == [
         "specsplit", "coordinator", "--target", "coder-target:50051",
         "--draft-variants-file", "/etc/specsplit/config/draft-variants.json",
@@ -308,3 +309,22 @@ def test_batch_invariance_reaches_every_model_worker() -> None:
                        canary_weight=0)
     ngram_built = {(obj["kind"], obj["metadata"]["name"]): obj for obj in build_objects(OWNER, ngram, plan)}
     assert "--batch-invariant" not in container(ngram_built[("Deployment", "coder-draft")])["command"]
+
+
+def test_model_workers_warm_up_to_the_deployments_k() -> None:
+    """On a GPU a worker captures the rounds' graphs up to --warm-up-k before serving (default 4): a deployment
+    whose k is larger passes it, so a policy climbing past 4 never waits for a capture; at 4 the flag is left out."""
+    def commands(k: int, draft: dict) -> dict[str, list[str]]:
+        spec = parse_spec({"image": "registry.example/specsplit:0.1.0", "numSpeculativeTokens": k,
+                           "target": {"model": "big"}, "draft": draft, "canary": {"model": "draft-v2"}})
+        plan = RolloutPlan(target_replicas=1, draft_replicas=1, draft_model=spec.draft.model,
+                           canary_model=spec.canary.model if spec.canary else None, canary_weight=0)
+        return {obj["metadata"]["name"]: container(obj)["command"] for obj in build_objects(OWNER, spec, plan)
+                if obj["kind"] == "Deployment"}
+
+    eight = commands(8, {"model": "small"})
+    for name in ("coder-target", "coder-draft", "coder-draft-canary"):
+        assert eight[name][eight[name].index("--warm-up-k") + 1] == "8", name
+    assert "--warm-up-k" not in eight["coder-coordinator"]
+    assert not any("--warm-up-k" in command for command in commands(4, {"model": "small"}).values())
+    assert "--warm-up-k" not in commands(8, {"proposer": "ngram"})["coder-draft"]  # the n-gram proposer has no graphs
