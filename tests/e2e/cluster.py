@@ -36,10 +36,17 @@ class Cluster:
 
     def metrics_url(self, name: str) -> str:
         """http://HOST:PORT of a service started with --metrics-port (it prints where before listening)."""
-        url = printed(self.processes[name].startup_lines, " metrics on ")
+        return self._printed(name, " metrics on ", "metrics").removesuffix("/metrics")
+
+    def http_url(self, name: str) -> str:
+        """The OpenAI API's base URL (http://HOST:PORT/v1) of a coordinator started with --http-port."""
+        return self._printed(name, " OpenAI API on ", "HTTP API")
+
+    def _printed(self, name: str, marker: str, what: str) -> str:
+        url = printed(self.processes[name].startup_lines, marker)
         if url is None:
-            raise LookupError(f"{name} serves no metrics")
-        return url.removesuffix("/metrics")
+            raise LookupError(f"{name} serves no {what}")
+        return url
 
     def worker_info(self, name: str) -> worker_pb2.WorkerInfo:
         with grpc.insecure_channel(self.addresses[name]) as channel:
