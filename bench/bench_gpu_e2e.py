@@ -317,7 +317,7 @@ def _tiny_run(engine, k):
 
 def split_runs(target_dir, draft_dir, alpha, batches, max_tokens, device_target, device_draft, size) -> list[dict]:
     from specsplit.client import Client
-    from specsplit.services.service_commands import spawn_service
+    from specsplit.services.service_commands import spawn_service, stop_processes
 
     common = ["--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1", "--dtype", "bfloat16", "--no-prefix-caching"]
     procs = []
@@ -363,16 +363,6 @@ def client_batch_runs(generate_one, batch: int, repeats: int) -> tuple[dict, lis
             runs.append(summarize(results, time.perf_counter() - start, batch))
     runs.sort(key=lambda r: r["tokens_per_s_total"])
     return {**runs[len(runs) // 2], "repeats_tokens_per_s_total": [r["tokens_per_s_total"] for r in runs]}, results
-
-
-def stop_processes(procs) -> None:
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=20)
-        except Exception:
-            p.kill()
 
 
 def split_only(args, size, hf_target, hf_draft, target, draft) -> None:

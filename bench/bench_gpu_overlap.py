@@ -46,7 +46,7 @@ from specsplit.services.draft.proposer import DraftPrefill, DraftProposer, Propo
 from specsplit.services.local_engine import LocalEngine  # noqa: E402
 from specsplit.services.runtime.model_runner import ModelRunner  # noqa: E402
 from specsplit.services.runtime.worker_sequences import WorkerSampling  # noqa: E402
-from specsplit.services.service_commands import spawn_service  # noqa: E402
+from specsplit.services.service_commands import spawn_service, stop_processes  # noqa: E402
 from specsplit.services.target.verifier import TargetPrefill, TargetVerifier, VerifyItem  # noqa: E402
 
 K = 4
@@ -130,7 +130,7 @@ def split_rows(args, target_dir, draft_dir, alpha, batches, devices) -> list[dic
                 rows.append(row)
                 e2e.log(row)
     finally:
-        e2e.stop_processes(procs)
+        stop_processes(procs)
     return rows
 
 

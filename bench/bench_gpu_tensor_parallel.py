@@ -501,9 +501,8 @@ def _seventy_b_degree(run: Run, target: Path, draft: Path, target_shape: str, de
     """One target worker per alpha at this degree (synthetic acceptance is the worker's flag), the draft worker on
     GPU 0 beside rank 0, one coordinator: target-only, fixed k = 4 and adaptive (bound --adaptive-bound) rows, and at
     the first alpha the batch-1 outputs (greedy and seeded) that the identity check compares across degrees."""
-    from bench_gpu_e2e import stop_processes
     from specsplit.client import Client
-    from specsplit.services.service_commands import spawn_service
+    from specsplit.services.service_commands import spawn_service, stop_processes
 
     vocab = SHAPES[target_shape][1]["vocab_size"]
     common = ["--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1", "--dtype", run.dtype,

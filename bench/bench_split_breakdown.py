@@ -40,7 +40,6 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 import torch  # noqa: E402
 
 from bench_common import print_table, write_results  # noqa: E402
-from bench_gpu_e2e import stop_processes  # noqa: E402
 from specsplit.services.rpc.step_batcher import LONE_CALLER_SECONDS  # noqa: E402
 
 STAGES = [  # (name, from mark, to mark): consecutive marks of one round; a worker's marks lie inside its call
@@ -163,7 +162,7 @@ def services_rows(args, modes: list[str], target_dir, draft_dir, batches, ks, al
     the co-located mode's coordinator (at most one per run) and the split modes' coordinator processes.
     -> ({(mode, alpha, batch, k): median run}, {same key: (start ns, end ns) of that run})."""
     from specsplit.client import Client
-    from specsplit.services.service_commands import address_after, spawn_service
+    from specsplit.services.service_commands import address_after, spawn_service, stop_processes
 
     env = {**os.environ, "SPECSPLIT_ROUND_TIMELINE": timeline_prefix}
     threads = []

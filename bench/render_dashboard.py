@@ -26,14 +26,15 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "tests" / "e2e"))
 
 from cluster import free_port  # noqa: E402
-from specsplit.services.service_commands import spawn_service  # noqa: E402
+from specsplit.services.service_commands import printed, spawn_service, stop_processes  # noqa: E402
 from specsplit.services.telemetry.grafana_dashboard import build_dashboard  # noqa: E402
 from tiny_models import build_model, perturbed_copy, save_model  # noqa: E402
 
 NAMESPACE, INSTANCE = "demo", "coder"
 
 
-def start_services(root: Path) -> tuple[dict, dict]:
+def start_services(root: Path, started: list) -> dict:
+    """The workers and the coordinator, each added to `started` as it starts (so a failed start stops the others)."""
     target = build_model("qwen2", seed=0)
     save_model(target, root / "target")
     save_model(perturbed_copy(target, 0.003), root / "stable")
@@ -44,21 +45,20 @@ def start_services(root: Path) -> tuple[dict, dict]:
                        ("draft", ["draft", "--model", str(root / "stable"), *common]),
                        ("draft-canary", ["draft", "--model", str(root / "canary"), *common])):
         processes[name], addresses[name] = spawn_service(argv)
+        started.append(processes[name])
     processes["coordinator"], addresses["coordinator"] = spawn_service([
         "coordinator", "--target", addresses["target"], "--draft-variant", f"stable:3:{addresses['draft']}",
         "--draft-variant", f"canary:1:{addresses['draft-canary']}", "--host", "127.0.0.1", "--port", "0",
         "--http-port", "0", "--metrics-port", "0", "-k", "6", "--max-num-seqs", "16"])
-    return processes, addresses
+    started.append(processes["coordinator"])
+    return processes
 
 
-def printed(process, marker: str) -> str:
-    return next(line.rsplit(" ", 1)[-1] for line in process.startup_lines if marker in line)
-
-
-def start_prometheus(root: Path, processes: dict) -> tuple[subprocess.Popen, str]:
+def start_prometheus(root: Path, processes: dict, started: list) -> str:
+    """Prometheus scraping `processes`, put first in `started` (stopped before what it scrapes); returns its URL."""
     jobs = []
     for component, process in processes.items():
-        target = printed(process, " metrics on ").removeprefix("http://").removesuffix("/metrics")
+        target = printed(process.startup_lines, " metrics on ").removeprefix("http://").removesuffix("/metrics")
         jobs.append({"targets": [target], "labels": {"namespace": NAMESPACE, "app_kubernetes_io_instance": INSTANCE,
                                                      "app_kubernetes_io_component": component}})
     config = root / "prometheus.yml"
@@ -68,11 +68,12 @@ def start_prometheus(root: Path, processes: dict) -> tuple[subprocess.Popen, str
     process = subprocess.Popen([shutil.which("prometheus"), f"--config.file={config}",
                                 f"--storage.tsdb.path={root / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    started.insert(0, process)
     url = f"http://127.0.0.1:{port}"
     for _ in range(100):
         try:
             urllib.request.urlopen(url + "/-/ready", timeout=1)
-            return process, url
+            return url
         except OSError:
             time.sleep(0.2)
     raise RuntimeError("prometheus did not start")
@@ -165,12 +166,14 @@ def main() -> None:
     if shutil.which("prometheus") is None:
         raise SystemExit("needs Prometheus: apt-get install prometheus")
     root = Path(tempfile.mkdtemp(prefix="specsplit-dashboard-"))
-    processes, addresses = start_services(root)
-    prometheus, url = start_prometheus(root, processes)
+    started = []
     try:
+        processes = start_services(root, started)
+        url = start_prometheus(root, processes, started)
         start = time.time()
         time.sleep(10)  # a few idle scrapes first
-        load(printed(processes["coordinator"], " OpenAI API on "), root / "target", args.rates, args.prompts)
+        http_url = printed(processes["coordinator"].startup_lines, " OpenAI API on ")
+        load(http_url, root / "target", args.rates, args.prompts)
         time.sleep(10)
         end = time.time()
         board = build_dashboard()
@@ -185,11 +188,7 @@ def main() -> None:
         draw(board, data, start, Path(args.out))
         print(f"wrote {args.out} ({(end - start) / 60:.1f} minutes of data)")
     finally:
-        prometheus.terminate()
-        for process in processes.values():
-            process.terminate()
-        for process in [prometheus, *processes.values()]:
-            process.wait(30)
+        stop_processes(started, timeout=30)
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -5,6 +5,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 
 from specsplit.services.coordinator.call_deadlines import add_call_deadline_args, deadline_settings_from_args
 from specsplit.services.draft.proposer_flags import add_proposer_args, ngram_options, proposer_argv
@@ -332,17 +334,52 @@ def address_after(process: subprocess.Popen, role: str) -> str:
     raise RuntimeError(f"the process exited with {process.wait()} before its {role} listened")
 
 
-def spawn_service(argv: list[str], env=None, stderr=None) -> tuple[subprocess.Popen, str]:
-    """Start `specsplit ARGV` and wait for its 'listening on HOST:PORT' line; returns (process, address)."""
+def spawn_service(argv: list[str], env=None, stderr=None,
+                  timeout: float | None = None) -> tuple[subprocess.Popen, str]:
+    """Start `specsplit ARGV` and wait for its 'listening on HOST:PORT' line; returns (process, address). A start
+    that has not listened after `timeout` seconds is killed (TimeoutError)."""
     process = subprocess.Popen(
         [sys.executable, "-m", "specsplit", *argv], stdout=subprocess.PIPE, stderr=stderr, text=True, env=env
     )
     process.startup_lines = []  # what it printed before listening (e.g. where its metrics are)
-    for line in process.stdout:
-        process.startup_lines.append(line.rstrip("\n"))
-        if " listening on " in line or " serving on " in line:
-            return process, line.strip().rsplit(" ", 1)[-1]
-    raise RuntimeError(f"`specsplit {' '.join(argv)}` exited with {process.wait()} before listening")
+    watchdog = threading.Timer(timeout, process.kill) if timeout is not None else None
+    started = time.monotonic()
+    if watchdog:
+        watchdog.start()
+    try:
+        for line in process.stdout:
+            process.startup_lines.append(line.rstrip("\n"))
+            # Its own line, not a log line that mentions listening (those land here where stderr joins stdout).
+            if line.startswith("specsplit ") and (" listening on " in line or " serving on " in line):
+                return process, line.strip().rsplit(" ", 1)[-1]
+    finally:
+        if watchdog:
+            watchdog.cancel()
+    if timeout is not None and time.monotonic() - started >= timeout:
+        raise TimeoutError(f"`specsplit {' '.join(argv)}` not listening after {timeout:g}s")
+    # Where its errors went into the pipe too, they are shown here or nowhere.
+    output = "".join(f"\n{line}" for line in process.startup_lines[-30:]) if stderr == subprocess.STDOUT else ""
+    raise RuntimeError(f"`specsplit {' '.join(argv)}` exited with {process.wait()} before listening{output}")
+
+
+def printed(lines: list[str], marker: str, prefix: str = "specsplit") -> str | None:
+    """The address or URL a started service printed: the last word of its first line that starts with `prefix` and
+    holds `marker` (" metrics on ", " OpenAI API on "); None if no such line (yet)."""
+    return next((line.rsplit(" ", 1)[-1] for line in lines if line.startswith(prefix) and marker in line), None)
+
+
+def stop_processes(processes, timeout: float = 20.0) -> None:
+    """SIGTERM each, in the order given; then wait up to `timeout` for each and SIGKILL one that has not exited."""
+    processes = list(processes)
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def _run_serve(args) -> int:
@@ -418,14 +455,7 @@ def _run_serve(args) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        for p in reversed(processes):
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in processes:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_processes(reversed(processes), timeout=10)  # the coordinator first, while its workers still answer
 
 
 def _serve_http_port(args) -> int:

@@ -6,40 +6,38 @@ from what it prints (the gRPC address, the OpenAI API's URL, each service's metr
 """
 
 import os
-import signal
 import subprocess
-import sys
 import threading
-import time
+
+from specsplit.services.service_commands import printed, spawn_service, stop_processes
 
 
 class ServeProcess:
     def __init__(self, serve_args: list[str], env: dict | None = None, http: bool = True, metrics: bool = True,
                  startup_timeout: float = 900.0):
-        self.argv = [sys.executable, "-m", "specsplit", "serve", "--host", "127.0.0.1", "--port", "0",
-                     "--http-port", "0" if http else "-1", "--metrics-port", "0" if metrics else "-1", *serve_args]
+        self.argv = ["serve", "--host", "127.0.0.1", "--port", "0", "--http-port", "0" if http else "-1",
+                     "--metrics-port", "0" if metrics else "-1", *serve_args]
         self.env = {**os.environ, **env} if env else None
         self.wants_http = http
         self.startup_timeout = startup_timeout
         self.process: subprocess.Popen | None = None
         self.lines: list[str] = []  # everything it printed (stdout and stderr), as it came
+        self.address: str | None = None  # the coordinator's gRPC HOST:PORT
         self._changed = threading.Condition()
         self._reading = True
 
     def start(self) -> "ServeProcess":
-        self.process = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                        env=self.env)
+        self.process, self.address = spawn_service(self.argv, self.env, stderr=subprocess.STDOUT,
+                                                   timeout=self.startup_timeout)
+        self.lines = self.process.startup_lines
         threading.Thread(target=self._read, daemon=True).start()  # drains the pipe for the process's whole life
-        deadline = time.monotonic() + self.startup_timeout
-        with self._changed:
-            while not self._ready():
-                if self.process.poll() is not None and not self._reading:
-                    raise RuntimeError(f"`specsplit serve` exited with {self.process.returncode} before serving:\n"
-                                       + "\n".join(self.lines[-30:]))
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise TimeoutError(f"`specsplit serve` not serving after {self.startup_timeout:.0f}s")
-                self._changed.wait(0.5)
+        with self._changed:  # serve prints the API's URL just after its address
+            self._changed.wait_for(lambda: not self.wants_http or self.http_url or not self._reading,
+                                   self.startup_timeout)
+        if self.wants_http and not self.http_url:
+            status = self.stop()
+            raise RuntimeError(f"`specsplit serve` printed no OpenAI API URL (exit status {status}):\n"
+                               + "\n".join(self.lines[-30:]))
         return self
 
     def _read(self) -> None:
@@ -51,41 +49,21 @@ class ServeProcess:
             self._reading = False
             self._changed.notify_all()
 
-    def _ready(self) -> bool:
-        return self._found(" serving on ") is not None and (not self.wants_http or self._found(" OpenAI API on ") is not None)
-
-    def _found(self, marker: str, prefix: str = "specsplit") -> str | None:
-        for line in self.lines:
-            if line.startswith(prefix) and marker in line:
-                return line.rsplit(" ", 1)[-1]
-        return None
-
-    @property
-    def address(self) -> str:
-        """The coordinator's gRPC HOST:PORT."""
-        return self._found(" serving on ")
-
     @property
     def http_url(self) -> str | None:
         """The OpenAI API's base URL (http://HOST:PORT/v1)."""
-        return self._found(" OpenAI API on ")
+        return printed(self.lines, " OpenAI API on ")
 
     def metrics_url(self, role: str = "coordinator") -> str | None:
         """http://HOST:PORT of a service's metrics (role: coordinator, target or draft)."""
-        found = self._found(" metrics on ", prefix=f"specsplit {role} ")
+        found = printed(self.lines, " metrics on ", prefix=f"specsplit {role} ")
         return found.removesuffix("/metrics") if found else None
 
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGTERM (serve stops its services in order), then SIGKILL after `timeout`; returns the exit status."""
         if self.process is None:
             return None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_processes([self.process], timeout)
         return self.process.returncode
 
     def __enter__(self) -> "ServeProcess":

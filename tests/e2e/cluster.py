@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 
 from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
-from specsplit.services.service_commands import spawn_service
+from specsplit.services.service_commands import printed, spawn_service, stop_processes
 from metrics_page import scrape  # noqa: F401  (the tests import it from here too)
 
 
@@ -36,10 +36,17 @@ class Cluster:
 
     def metrics_url(self, name: str) -> str:
         """http://HOST:PORT of a service started with --metrics-port (it prints where before listening)."""
-        for line in self.processes[name].startup_lines:
-            if " metrics on " in line:
-                return line.rsplit(" ", 1)[-1].removesuffix("/metrics")
-        raise LookupError(f"{name} serves no metrics")
+        return self._printed(name, " metrics on ", "metrics").removesuffix("/metrics")
+
+    def http_url(self, name: str) -> str:
+        """The OpenAI API's base URL (http://HOST:PORT/v1) of a coordinator started with --http-port."""
+        return self._printed(name, " OpenAI API on ", "HTTP API")
+
+    def _printed(self, name: str, marker: str, what: str) -> str:
+        url = printed(self.processes[name].startup_lines, marker)
+        if url is None:
+            raise LookupError(f"{name} serves no {what}")
+        return url
 
     def worker_info(self, name: str) -> worker_pb2.WorkerInfo:
         with grpc.insecure_channel(self.addresses[name]) as channel:
@@ -57,14 +64,7 @@ class Cluster:
             time.sleep(0.2)
 
     def stop(self) -> None:
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.terminate()
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_processes(self.processes.values(), timeout=10)
 
 
 def generate_concurrently(address: str, prompts: list[str], max_tokens: int, timeout: float = 120, **params) -> list:

@@ -73,9 +73,7 @@ def test_a_requests_k_is_the_most_it_proposes_unless_it_asks_for_fixed(unrelated
     assert bounded.token_ids == fixed.token_ids
     assert bounded.stats.draft_tokens <= 1  # the policy knows this draft by now
     assert fixed.stats.draft_tokens >= 3 * (fixed.stats.rounds - 3)  # 3 a round, less only in its last rounds
-    base_url = next(line.rsplit(" ", 1)[-1] for line in c.processes["coordinator"].startup_lines
-                    if " OpenAI API on " in line)
-    http = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60)
+    http = openai.OpenAI(base_url=c.http_url("coordinator"), api_key="unused", max_retries=0, timeout=60)
     model = http.models.list().data[0].id
 
     def drafted(**extension):

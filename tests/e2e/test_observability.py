@@ -165,7 +165,7 @@ def test_http_requests_carry_the_callers_trace_context(observed):
     """`traceparent` / `tracestate` headers on the OpenAI HTTP API make the request span a child of the caller's
     span, whole or streamed, as gRPC metadata does."""
     cluster, collector = observed
-    url = next(line.rsplit(" ", 1)[-1] for line in cluster.processes["coordinator"].startup_lines if " OpenAI API on " in line)
+    url = cluster.http_url("coordinator")
     provider = TracerProvider()
     caller = provider.get_tracer("test-caller")
     callers = {}

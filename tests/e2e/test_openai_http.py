@@ -25,13 +25,6 @@ TOKEN = "http-test-token-5b2e"
 PROMPT = "def add(a, b):"
 
 
-def _http_url(cluster: Cluster, name: str) -> str:
-    for line in cluster.processes[name].startup_lines:
-        if " OpenAI API on " in line:
-            return line.rsplit(" ", 1)[-1]
-    raise LookupError(f"{name} serves no HTTP API")
-
-
 @pytest.fixture(scope="module")
 def served(tiny_pair, tmp_path_factory):
     """A target and a draft; `main` (bearer token, metrics) over them; `full` (a queue that takes nothing) and
@@ -70,7 +63,7 @@ def model_id(served):
 
 @pytest.fixture(scope="module")
 def http(served):
-    return openai.OpenAI(base_url=_http_url(served, "main"), api_key=TOKEN, max_retries=0, timeout=60)
+    return openai.OpenAI(base_url=served.http_url("main"), api_key=TOKEN, max_retries=0, timeout=60)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +79,7 @@ def tokenizer(tiny_pair):
 
 def test_models_and_health(served, http, model_id):
     assert [m.id for m in http.models.list().data] == [model_id]
-    with urllib.request.urlopen(_http_url(served, "main").removesuffix("/v1") + "/health", timeout=10) as response:
+    with urllib.request.urlopen(served.http_url("main").removesuffix("/v1") + "/health", timeout=10) as response:
         assert response.status == 200 and json.load(response) == {"status": "ok"}  # open without a token (probes)
 
 
@@ -201,7 +194,7 @@ def test_bad_requests_are_400_with_openai_errors(served, http, model_id):
     with pytest.raises(openai.NotFoundError):
         http.completions.create(model="no-such-model", prompt=PROMPT)
     # The raw body, as any HTTP client sees it.
-    request = urllib.request.Request(_http_url(served, "main") + "/chat/completions", data=b'{"messages": 3}',
+    request = urllib.request.Request(served.http_url("main") + "/chat/completions", data=b'{"messages": 3}',
                                      headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
     with pytest.raises(urllib.error.HTTPError) as raw:
         urllib.request.urlopen(request, timeout=10)
@@ -212,7 +205,7 @@ def test_bad_requests_are_400_with_openai_errors(served, http, model_id):
 def test_the_http_token_is_compared_as_exactly_as_over_grpc(served, model_id):
     """One parser for both APIs (caller_auth.bearer_header): only `Bearer TOKEN` exactly."""
     def status(header):
-        request = urllib.request.Request(_http_url(served, "main") + "/models",
+        request = urllib.request.Request(served.http_url("main") + "/models",
                                          headers={"Authorization": header} if header is not None else {})
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
@@ -228,14 +221,14 @@ def test_the_http_token_is_compared_as_exactly_as_over_grpc(served, model_id):
 
 
 def test_bad_token_is_401(served, model_id):
-    wrong = openai.OpenAI(base_url=_http_url(served, "main"), api_key="not-the-token", max_retries=0)
+    wrong = openai.OpenAI(base_url=served.http_url("main"), api_key="not-the-token", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as error:
         wrong.completions.create(model=model_id, prompt=PROMPT, max_tokens=2)
     assert error.value.status_code == 401 and error.value.body["code"] == "invalid_api_key"
 
 
 def test_full_queue_is_429(served, model_id):
-    full = openai.OpenAI(base_url=_http_url(served, "full"), api_key="unused", max_retries=0)
+    full = openai.OpenAI(base_url=served.http_url("full"), api_key="unused", max_retries=0)
     with pytest.raises(openai.RateLimitError) as error:
         full.completions.create(model=model_id, prompt=PROMPT, max_tokens=2)
     assert error.value.status_code == 429 and "queue full" in error.value.body["message"]
@@ -244,7 +237,7 @@ def test_full_queue_is_429(served, model_id):
 
 
 def test_no_replica_is_503(served, model_id):
-    orphan = openai.OpenAI(base_url=_http_url(served, "orphan"), api_key="unused", max_retries=0)
+    orphan = openai.OpenAI(base_url=served.http_url("orphan"), api_key="unused", max_retries=0)
     assert orphan.completions.create(model=model_id, prompt=PROMPT, max_tokens=2, temperature=0).usage.completion_tokens == 2
     served.processes["lone_target"].kill()
     served.processes["lone_target"].wait()
@@ -252,7 +245,7 @@ def test_no_replica_is_503(served, model_id):
         orphan.completions.create(model=model_id, prompt=PROMPT, max_tokens=2)
     assert error.value.status_code == 503 and error.value.body["code"] == "no_replica"
     with pytest.raises(urllib.error.HTTPError) as health:
-        urllib.request.urlopen(_http_url(served, "orphan").removesuffix("/v1") + "/health", timeout=10)
+        urllib.request.urlopen(served.http_url("orphan").removesuffix("/v1") + "/health", timeout=10)
     assert health.value.code == 503
 
 
@@ -260,7 +253,7 @@ def test_a_request_ended_by_shutdown_is_an_error_not_a_finish_reason(served, mod
     """`ending` gets a streamed and a whole request of many tokens, then SIGTERM: each client gets a 503-shaped
     error (`server_shutting_down`), the stream's before `data: [DONE]`; no finish_reason outside the API's; the
     workers free the KV."""
-    url = _http_url(served, "ending")
+    url = served.http_url("ending")
     body = {"model": model_id, "prompt": PROMPT, "max_tokens": 480, "temperature": 0, "ignore_eos": True}
     whole = {}
 

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from specsplit.proto.v1 import generation_pb2, generation_pb2_grpc
-from specsplit.services.service_commands import spawn_service
+from specsplit.services.service_commands import printed, spawn_service, stop_processes
 
 TOKEN = "Public-Token-For-Tests-5b2d"
 # auth_throttle.py's documented policy
@@ -26,12 +26,11 @@ def guarded_coordinator(cluster, tmp_path_factory):
     process, address = spawn_service(["coordinator", "--target", cluster.addresses["target_a"], "--host", "127.0.0.1",
                                       "--port", "0", "-k", "0", "--metrics-port", "-1", "--auth-token-file", str(tokens),
                                       "--http-port", "0"])
-    http = next(line.rsplit(" ", 1)[-1] for line in process.startup_lines if " OpenAI API on " in line)
+    http = printed(process.startup_lines, " OpenAI API on ")
     try:
         yield {"grpc": address, "http": http}
     finally:
-        process.terminate()
-        process.wait(timeout=20)
+        stop_processes([process])
 
 
 def _generate(address, header):

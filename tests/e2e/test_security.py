@@ -19,7 +19,7 @@ from specsplit.services.errors import Unavailable
 from specsplit.services.rpc.round_channel import RoundChannelClient, client_ssl_context
 from specsplit.services.rpc.security import ChannelSecurity
 from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
-from specsplit.services.service_commands import spawn_service
+from specsplit.services.service_commands import printed, spawn_service, stop_processes
 
 TOKEN = "s3cret-token-for-tests-7f1c"
 
@@ -92,13 +92,10 @@ def secure_cluster(tiny_pair, pki):
             stderr=log,
         )
         processes.append(coordinator)
-        http = next(line.rsplit(" ", 1)[-1] for line in coordinator.startup_lines if " OpenAI API on " in line)
+        http = printed(coordinator.startup_lines, " OpenAI API on ")
         yield {"coordinator": address, "target": target_addr, "http": http}
     finally:
-        for p in processes:
-            p.terminate()
-        for p in processes:
-            p.wait(timeout=20)
+        stop_processes(processes)
 
 
 def _code(call):
