@@ -505,8 +505,13 @@ def _seventy_b_degree(run: Run, target: Path, draft: Path, target_shape: str, de
     from specsplit.services.service_commands import spawn_service, stop_processes
 
     vocab = SHAPES[target_shape][1]["vocab_size"]
+    # The workers capture every round shape up to the adaptive bound before serving. With none captured (the first
+    # 70B runs, --warm-up-k 0) a shape a timed run met first was captured inside it (random coins shrink a batch
+    # differently each run), and twice, by the log, a capture outlasted the coordinator's hung-call deadline, which
+    # took the replica down for ~2 s: the likely cause of speculative rows spreading 1.1-4x between runs while
+    # target-only rows agreed (not confirmed by a run since).
     common = ["--host", "127.0.0.1", "--port", "0", "--metrics-port", "-1", "--dtype", run.dtype,
-              "--no-prefix-caching", "--warm-up-k", "0"]
+              "--no-prefix-caching", "--warm-up-k", str(max(K, run.args.adaptive_bound))]
     device = "cpu" if run.dry else "cuda:0"
     batches = [int(b) for b in run.args.batches.split(",")]
     alphas = [float(a) for a in run.args.big_alphas.split(",")]
