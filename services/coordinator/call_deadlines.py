@@ -10,6 +10,9 @@ two). A call that takes `factor` times its usual time is a fault; `floor` keeps 
 - A kind never seen on a replica (its first calls: lazy allocation, long prefills) gets the warm-up allowance.
 - Calls run one after another on a worker's compute thread, so a call that queues behind this coordinator's other
   calls to the same replica is allowed their expected time as well.
+- A late call is a fault only if its replica also fails to answer a Describe (replica_health.py): one that answers is
+  busy, not hung (a CUDA graph captured for a shape its warm-up did not cover, calls of other coordinators queued
+  ahead), and is waited for up to `busy_seconds` in all.
 """
 
 import math
@@ -21,6 +24,8 @@ class DeadlineSettings:
     floor_seconds: float = 1.0       # never less: scheduling noise on a loaded host is tens of milliseconds
     factor: float = 10.0             # a call taking this many times its usual time is a fault
     warm_up_seconds: float = 30.0    # a replica's first call of a kind, with nothing measured yet
+    busy_seconds: float = 30.0       # the longest wait for a late call whose replica still answers (a stuck device
+                                     # whose worker answers Describe is found after this long)
     smoothing: float = 0.2           # weight of a new measurement in the running estimate
 
 
@@ -90,8 +95,11 @@ def add_call_deadline_args(parser) -> None:
                              "replica is marked down and its sequences move on")
     parser.add_argument("--first-call-seconds", type=float, default=defaults.warm_up_seconds,
                         help="the bound for a replica's first call of a kind, before any is measured")
+    parser.add_argument("--busy-call-seconds", type=float, default=defaults.busy_seconds,
+                        help="a late call whose replica still answers Describe (busy, not hung: a graph capture, "
+                             "other coordinators' calls ahead) is waited for up to this long in all")
 
 
 def deadline_settings_from_args(args) -> DeadlineSettings:
     return DeadlineSettings(floor_seconds=args.hung_call_floor_seconds, factor=args.hung_call_factor,
-                            warm_up_seconds=args.first_call_seconds)
+                            warm_up_seconds=args.first_call_seconds, busy_seconds=args.busy_call_seconds)

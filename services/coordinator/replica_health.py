@@ -1,7 +1,8 @@
 """Hung replicas: bounded worker calls, probes of replicas marked down, and the KV they hold for nobody.
 
-A call that outlives its deadline (call_deadlines.py) fails as UNAVAILABLE, so the coordinator's failover for dead
-replicas takes over: the replica is marked down, its target sequences are re-prefilled elsewhere, its draft
+A call that outlives its deadline (call_deadlines.py) and whose replica does not answer a Describe either fails as
+UNAVAILABLE (a replica that answers is busy: the call is waited for, up to the busy bound), so the coordinator's
+failover for dead replicas takes over: the replica is marked down, its target sequences are re-prefilled elsewhere, its draft
 sequences go to another draft or decode target-only. The replica may only be frozen; while it is down the
 coordinator remembers which of its sequences moved away, and when a probe finds it answering again it is first
 told to release them (their KV would otherwise stay until the worker's lease expires), then brought back.
@@ -16,6 +17,10 @@ from specsplit.services.errors import Unavailable
 
 log = logging.getLogger(__name__)
 
+# How long a late call's replica has to answer a Describe to count as busy rather than hung: its event loop answers
+# in milliseconds while its compute thread works (workers switch the GIL every 0.5 ms); a frozen process never does.
+ANSWER_SECONDS = 0.25
+
 
 class ReplicaHealth:
     def __init__(self, settings: DeadlineSettings | None = None, probe_interval: float = 2.0):
@@ -27,23 +32,51 @@ class ReplicaHealth:
         self._last_probe = 0.0
 
     async def call(self, client, method: str, items: list):
-        """`client.<method>(items)` within the replica's deadline; a late call raises Unavailable."""
+        """`client.<method>(items)` within the replica's deadline; a late call raises Unavailable unless the replica
+        still answers (then it is waited for, up to the busy bound)."""
         if getattr(client, "in_process", False):  # its calls run in this process: no deadline could fire in time
             return await getattr(client, method)(items)
         size = call_size(items)
         deadline = self.deadlines.deadline(client.name, method, size)
         call_id = self.deadlines.started(client.name, method, size)
         started = time.perf_counter()
+        task = asyncio.ensure_future(getattr(client, method)(items))
         try:
-            async with asyncio.timeout(deadline):
-                result = await getattr(client, method)(items)
-        except TimeoutError:
-            raise Unavailable(f"{client.name} did not answer a {method} of {size} tokens within {deadline:.1f} s "
-                              f"(usually {self.deadlines.expected(client.name, method, size):.3f} s)") from None
+            result, in_time = await self._await_while_alive(client, task, deadline, method, size)
         finally:
             self.deadlines.ended(client.name, call_id)
-        self.deadlines.observe(client.name, method, size, time.perf_counter() - started)
+            if not task.done():
+                task.cancel()
+        if in_time:  # a late call's time (a capture, a queue) is no measure of the usual one
+            self.deadlines.observe(client.name, method, size, time.perf_counter() - started)
         return result
+
+    async def _await_while_alive(self, client, task, deadline: float, method: str, size: int):
+        """-> (the call's result, whether it came within its deadline)."""
+        waited = 0.0
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=deadline)
+            if done:
+                return task.result(), waited == 0.0
+            waited += deadline
+            if waited >= self.deadlines.settings.busy_seconds or not await self._answers(client):
+                raise Unavailable(f"{client.name} did not answer a {method} of {size} tokens within {waited:.1f} s "
+                                  f"(usually {self.deadlines.expected(client.name, method, size):.3f} s)")
+            if waited == deadline:
+                log.warning("%s is late with a %s of %d tokens (%.1f s, usually %.3f s) but answers: busy, waiting "
+                            "up to %.0f s", client.name, method, size, waited,
+                            self.deadlines.expected(client.name, method, size), self.deadlines.settings.busy_seconds)
+
+    async def _answers(self, client) -> bool:
+        """Whether the replica answers a Describe in time (a frozen process does not)."""
+        if not hasattr(client, "describe"):
+            return False
+        try:
+            async with asyncio.timeout(min(ANSWER_SECONDS, self.deadlines.settings.floor_seconds)):
+                await client.describe()
+            return True
+        except Exception:  # noqa: BLE001 - late, refused or broken: not answering
+            return False
 
     def moved_away(self, replica, handles) -> None:
         """These sequences left `replica` while it was not answering: it must release them when it is back."""

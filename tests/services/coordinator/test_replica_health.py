@@ -1,6 +1,7 @@
 """Hung replicas (services/coordinator/replica_health.py) with fake network clients: a late call fails as
-UNAVAILABLE after its deadline, and a replica marked down is probed, even while the coordinator is idle, and
-told to release the sequences that moved away before it is used again."""
+UNAVAILABLE after its deadline when its replica does not answer a Describe either, a late call whose replica answers
+(busy: a graph capture, calls queued ahead) is waited for up to the busy bound, and a replica marked down is probed,
+even while the coordinator is idle, and told to release the sequences that moved away before it is used again."""
 
 import asyncio
 
@@ -16,6 +17,7 @@ class FakeReplica:
     def __init__(self, name):
         self.name = name
         self.frozen = False
+        self.busy_seconds = 0.0
         self.released = []
 
     async def _answer(self, value):
@@ -24,6 +26,7 @@ class FakeReplica:
         return value
 
     async def verify(self, items):
+        await asyncio.sleep(self.busy_seconds)  # its compute thread busy; its event loop still answers Describe
         return await self._answer(["ok"] * len(items))
 
     async def release(self, handles):
@@ -33,8 +36,9 @@ class FakeReplica:
         return await self._answer("info")
 
 
-def health() -> ReplicaHealth:
-    return ReplicaHealth(DeadlineSettings(floor_seconds=0.2, factor=10.0, warm_up_seconds=5.0), probe_interval=0.05)
+def health(busy_seconds: float = 30.0) -> ReplicaHealth:
+    return ReplicaHealth(DeadlineSettings(floor_seconds=0.2, factor=10.0, warm_up_seconds=5.0,
+                                          busy_seconds=busy_seconds), probe_interval=0.05)
 
 
 def test_a_call_ten_times_slower_than_usual_fails_unavailable_within_the_floor():
@@ -48,7 +52,33 @@ def test_a_call_ten_times_slower_than_usual_fails_unavailable_within_the_floor()
             await h.call(replica, "verify", ["a", "b"])
         return asyncio.get_running_loop().time() - started
 
-    assert 0.15 < asyncio.run(main()) < 1.0
+    assert 0.15 < asyncio.run(main()) < 1.0  # the deadline, then a Describe that gets no answer within the floor
+
+
+def test_a_late_call_of_a_replica_that_still_answers_is_waited_for_and_not_counted_as_usual():
+    async def main():
+        h, replica = health(), FakeReplica("t1")
+        for _ in range(3):
+            await h.call(replica, "verify", ["a", "b"])
+        usual = h.deadlines.expected("t1", "verify", 2)
+        replica.busy_seconds = 0.7  # past the 0.2 s deadline three times over
+        assert await h.call(replica, "verify", ["a", "b"]) == ["ok", "ok"]
+        assert h.deadlines.expected("t1", "verify", 2) == usual
+
+    asyncio.run(main())
+
+
+def test_a_replica_that_answers_but_never_finishes_fails_after_the_busy_bound():
+    async def main():
+        h, replica = health(busy_seconds=0.8), FakeReplica("t1")
+        await h.call(replica, "verify", ["a"])
+        replica.busy_seconds = 60.0  # a stuck device: the worker's loop answers, its call never ends
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(Unavailable, match="did not answer a verify"):
+            await h.call(replica, "verify", ["a"])
+        return asyncio.get_running_loop().time() - started
+
+    assert 0.75 < asyncio.run(main()) < 3.0
 
 
 def test_a_resumed_replica_releases_what_moved_away_before_it_rejoins_even_when_idle():
