@@ -17,8 +17,9 @@ from specsplit.services.target.verify_steps import VerifyShape
 from specsplit.services.sampling.logits_processing import SamplingFlags
 
 
-def open_channels(kind: str, world_size: int, poll: bool = False) -> list:
-    """Every rank's end, opened at once as a replica's ranks do."""
+def open_channels(kind: str, world_size: int, poll: bool = False, before_followers=None) -> list:
+    """Every rank's end, opened as a replica's ranks do: rank 0 first, then (after `before_followers(store)`, if
+    given) the others."""
     store = dist.TCPStore("127.0.0.1", 0, world_size, True, timeout=datetime.timedelta(seconds=60),
                           wait_for_workers=False)
     channels: list = [None] * world_size
@@ -28,8 +29,12 @@ def open_channels(kind: str, world_size: int, poll: bool = False) -> list:
                                                            timeout=datetime.timedelta(seconds=60))
         channels[rank] = open_command_channel(rank, world_size, rank_store, poll, kind)
 
-    threads = [threading.Thread(target=open_rank, args=(r,)) for r in range(world_size)]
-    for t in threads:
+    driver = threading.Thread(target=open_rank, args=(0,))
+    driver.start()
+    if before_followers is not None:
+        before_followers(store)
+    threads = [driver] + [threading.Thread(target=open_rank, args=(r,)) for r in range(1, world_size)]
+    for t in threads[1:]:
         t.start()
     for t in threads:
         t.join(timeout=60)
@@ -107,34 +112,22 @@ def test_only_the_replicas_followers_join(monkeypatch):
     with the right token claiming rank 0 or 3 of a 3-rank replica. All are turned away; the real ranks join and get
     the commands."""
     monkeypatch.setattr(commands, "JOIN_READ_TIMEOUT_SECONDS", 0.5)
-    world_size = 3
-    store = dist.TCPStore("127.0.0.1", 0, world_size, True, timeout=datetime.timedelta(seconds=60),
-                          wait_for_workers=False)
-    channels: list = [None] * world_size
-
-    def open_rank(rank):
-        rank_store = store if rank == 0 else dist.TCPStore("127.0.0.1", store.port, world_size, False,
-                                                           timeout=datetime.timedelta(seconds=60))
-        channels[rank] = open_command_channel(rank, world_size, rank_store, False, "socket")
-
-    driver = threading.Thread(target=open_rank, args=(0,))
-    driver.start()
-    watcher = dist.TCPStore("127.0.0.1", store.port, world_size, False, timeout=datetime.timedelta(seconds=60))
-    shared = dist.PrefixStore("commands", watcher)  # (a store client is not shared between threads)
-    path = shared.get("address").decode()[len("unix:"):]
-    token = shared.get("token")
     strangers = []
-    for join in (b"", commands._JOIN.pack(1, bytes(16)), commands._JOIN.pack(0, token), commands._JOIN.pack(3, token)):
-        stranger = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        stranger.connect(path)
-        stranger.sendall(join)
-        strangers.append(stranger)
-    followers = [threading.Thread(target=open_rank, args=(r,)) for r in (1, 2)]
-    for t in followers:
-        t.start()
-    for t in (driver, *followers):
-        t.join(timeout=60)
-    assert all(c is not None for c in channels) and sorted(channels[0].peers) == [1, 2]
+
+    def connect_strangers(store):
+        watcher = dist.TCPStore("127.0.0.1", store.port, 3, False, timeout=datetime.timedelta(seconds=60))
+        shared = dist.PrefixStore("commands", watcher)  # (a store client is not shared between threads)
+        path = shared.get("address").decode()[len("unix:"):]
+        token = shared.get("token")
+        for join in (b"", commands._JOIN.pack(1, bytes(16)), commands._JOIN.pack(0, token),
+                     commands._JOIN.pack(3, token)):
+            stranger = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            stranger.connect(path)
+            stranger.sendall(join)
+            strangers.append(stranger)
+
+    channels = open_channels("socket", 3, before_followers=connect_strangers)
+    assert sorted(channels[0].peers) == [1, 2]
     channels[0].send(("tables", ("grow",)))
     assert channels[1].receive() == channels[2].receive() == ("tables", ("grow",))
     for stranger in strangers:
