@@ -74,7 +74,7 @@ def write_results(name: str, rows: list[dict], extra: dict | None = None, out_di
 
 
 def print_table(rows: list[dict], columns: list[str], file=None) -> None:
-    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns]
+    widths = [max([len(c), *(len(_fmt(r.get(c))) for r in rows)]) for c in columns]  # no rows: the header alone
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths)), file=file)
     for r in rows:
         print("  ".join(_fmt(r.get(c)).ljust(w) for c, w in zip(columns, widths)), file=file)
