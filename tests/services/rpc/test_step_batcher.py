@@ -31,16 +31,22 @@ class Recorder:
         return {kind: self.handler(kind) for kind in ("propose", "verify", "prefill")}
 
 
+def run_calls(batcher: StepBatcher, calls):
+    """Run the coroutine function `calls` against `batcher`, then stop it."""
+    try:
+        return asyncio.run(calls())
+    finally:
+        batcher.stop()
+
+
 def test_a_lone_callers_round_call_runs_on_the_calling_thread():
     recorder = Recorder()
     batcher = StepBatcher(recorder.handlers(), name="test")
-    try:
-        async def main():
-            return [await batcher.submit("verify", [1, 2], caller="alice") for _ in range(3)]
 
-        results = asyncio.run(main())
-    finally:
-        batcher.stop()
+    async def main():
+        return [await batcher.submit("verify", [1, 2], caller="alice") for _ in range(3)]
+
+    results = run_calls(batcher, main)
     assert results == [["verify:1", "verify:2"]] * 3
     assert {name for _, name, _ in recorder.steps} == {threading.current_thread().name}
     assert batcher.inline_steps == 3
@@ -49,15 +55,13 @@ def test_a_lone_callers_round_call_runs_on_the_calling_thread():
 def test_prefills_and_unnamed_callers_go_to_the_compute_thread():
     recorder = Recorder()
     batcher = StepBatcher(recorder.handlers(), name="test")
-    try:
-        async def main():
-            await batcher.submit("prefill", [1], caller="alice")
-            await batcher.submit("verify", [1])
-            await batcher.submit("verify", [1], caller="alice", inline=False)
 
-        asyncio.run(main())
-    finally:
-        batcher.stop()
+    async def main():
+        await batcher.submit("prefill", [1], caller="alice")
+        await batcher.submit("verify", [1])
+        await batcher.submit("verify", [1], caller="alice", inline=False)
+
+    run_calls(batcher, main)
     assert [name for _, name, _ in recorder.steps] == ["test-compute"] * 3
     assert batcher.inline_steps == 0
 
@@ -90,13 +94,11 @@ def test_several_callers_are_merged_on_the_compute_thread():
 def test_a_second_caller_ends_inline_steps_until_it_has_been_quiet():
     recorder = Recorder()
     batcher = StepBatcher(recorder.handlers(), name="test")
-    try:
-        async def main():
-            await batcher.submit("verify", [1], caller="alice")
-            await batcher.submit("verify", [1], caller="bob")
-            await batcher.submit("verify", [1], caller="alice")
 
-        asyncio.run(main())
-    finally:
-        batcher.stop()
+    async def main():
+        await batcher.submit("verify", [1], caller="alice")
+        await batcher.submit("verify", [1], caller="bob")
+        await batcher.submit("verify", [1], caller="alice")
+
+    run_calls(batcher, main)
     assert [name for _, name, _ in recorder.steps] == [threading.current_thread().name, "test-compute", "test-compute"]
