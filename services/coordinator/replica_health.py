@@ -134,7 +134,8 @@ class ReplicaHealth:
 
 async def _done_within(task: asyncio.Future, seconds: float) -> bool:
     """Whether `task` ends within `seconds`; it runs on either way (a late call may still be waited for). A timer
-    and a done callback on one future: half what asyncio.wait costs on the round's path (~5 us a call, not ~9)."""
+    and a done callback on one future, lighter than asyncio.wait on the round's path: with the task, the guard
+    costs 6.4 us a call more than awaiting the call under a timeout did (bench/bench_call_deadline.py)."""
     if task.done():
         return True
     waiter = asyncio.get_running_loop().create_future()
