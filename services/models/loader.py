@@ -13,6 +13,7 @@ from transformers import AutoConfig, AutoTokenizer
 from specsplit.services.errors import InvalidArgument
 from specsplit.services.models.config import DecoderConfig
 from specsplit.services.models.decoder import CausalDecoder
+from specsplit.services.models.random_checkpoint import RandomCheckpoint
 from specsplit.services.models.rotary import RotaryEmbedding
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -53,7 +54,7 @@ def load_model(model: str, dtype: str | torch.dtype = "float32", device: str | t
     path = resolve_model_path(model)
     if path.is_file():
         hf_config, state, tokenizer = _read_gguf(path)
-    elif random_weights_settings(path) is not None:
+    elif random_weights_settings(path) is not None:  # BENCHMARKS ONLY: drawn on the device, by name (as the shards)
         hf_config, state, tokenizer = AutoConfig.from_pretrained(path), None, _tokenizer_or_none(path)
     else:
         hf_config, state, tokenizer = _read_folder(path)
@@ -66,9 +67,8 @@ def load_model(model: str, dtype: str | torch.dtype = "float32", device: str | t
     # Rotary frequencies stay float32 whatever the weights' dtype.
     decoder.rotary = RotaryEmbedding(hf_config, config.head_dim).to(device)
     if state is None:
-        draw_random_weights(decoder, random_weights_settings(path))
-    else:
-        decoder.load_hf_state_dict(state)
+        state = RandomCheckpoint(config, random_weights_settings(path), torch_dtype, device)
+    decoder.load_hf_state_dict(state)
     decoder.eval().requires_grad_(False)
     return LoadedModel(decoder, config, tokenizer, str(path), os.path.basename(str(path).rstrip("/")))
 
@@ -78,18 +78,6 @@ def random_weights_settings(path: Path) -> dict | None:
     if not (path / RANDOM_WEIGHTS_MARKER).exists() or glob.glob(str(path / "*.safetensors")):
         return None
     return json.loads((path / RANDOM_WEIGHTS_MARKER).read_text())
-
-
-def draw_random_weights(decoder: CausalDecoder, settings: dict) -> None:
-    """BENCHMARKS ONLY: norms 1, every other weight normal(0, std), drawn on the weights' device (a sharded
-    replica draws the same model's tensors by name instead: sharded_loader.RandomCheckpoint)."""
-    generator = torch.Generator(device=next(decoder.parameters()).device).manual_seed(settings.get("seed", 0))
-    with torch.no_grad():
-        for name, parameter in decoder.named_parameters():
-            if "norm" in name:
-                parameter.fill_(1.0)
-            else:
-                parameter.normal_(0.0, settings.get("std", 0.02), generator=generator)
 
 
 def _read_folder(path: Path):

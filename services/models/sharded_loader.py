@@ -8,7 +8,6 @@ Hugging Face folder first (built-in names already are one).
 
 import glob
 import os
-import zlib
 
 import torch
 from safetensors import safe_open
@@ -17,6 +16,7 @@ from transformers import AutoConfig
 from specsplit.services.errors import InvalidArgument
 from specsplit.services.models.config import DecoderConfig
 from specsplit.services.models.decoder import CausalDecoder
+from specsplit.services.models.random_checkpoint import RandomCheckpoint
 from specsplit.services.models.loader import (DTYPES, LoadedModel, _tokenizer_or_none, random_weights_settings,
                                               resolve_model_path)
 from specsplit.services.models.rotary import RotaryEmbedding
@@ -134,53 +134,3 @@ def _vocab_rows(read, name: str, plan: ShardPlan) -> torch.Tensor:
     if stop - first < rows:
         tensor = torch.cat([tensor, tensor.new_zeros(rows - (stop - first), tensor.shape[1])])
     return tensor
-
-
-class RandomCheckpoint:
-    """BENCHMARKS ONLY: a checkpoint of random weights under the Hugging Face names, each tensor drawn whole from a
-    generator seeded by its name (norms 1, every other tensor normal(0, std)), so every degree's shards are slices
-    of one model and a degree-2 replica computes what a degree-4 one does. Read like safe_open's handles: a tensor
-    is drawn when a slice of it is read and dropped after."""
-
-    def __init__(self, full: DecoderConfig, settings: dict, dtype: torch.dtype, device):
-        self.settings, self.dtype, self.device = settings, dtype, device
-        hidden, q, kv = full.hidden_size, full.num_heads * full.head_dim, full.num_kv_heads * full.head_dim
-        shapes = {"model.norm.weight": (hidden,), "model.embed_tokens.weight": (full.vocab_size, hidden)}
-        if not full.tie_word_embeddings:
-            shapes["lm_head.weight"] = (full.vocab_size, hidden)
-        for i in range(full.num_layers):
-            attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-            shapes.update({f"{attn}q_proj.weight": (q, hidden), f"{attn}k_proj.weight": (kv, hidden),
-                           f"{attn}v_proj.weight": (kv, hidden), f"{attn}o_proj.weight": (hidden, q),
-                           f"{mlp}gate_proj.weight": (full.intermediate_size, hidden),
-                           f"{mlp}up_proj.weight": (full.intermediate_size, hidden),
-                           f"{mlp}down_proj.weight": (hidden, full.intermediate_size),
-                           f"model.layers.{i}.input_layernorm.weight": (hidden,),
-                           f"model.layers.{i}.post_attention_layernorm.weight": (hidden,)})
-            if full.qkv_bias:
-                shapes.update({f"{attn}q_proj.bias": (q,), f"{attn}k_proj.bias": (kv,), f"{attn}v_proj.bias": (kv,)})
-            if full.o_bias:
-                shapes[f"{attn}o_proj.bias"] = (hidden,)
-            if full.mlp_bias:
-                shapes.update({f"{mlp}gate_proj.bias": (full.intermediate_size,),
-                               f"{mlp}up_proj.bias": (full.intermediate_size,), f"{mlp}down_proj.bias": (hidden,)})
-        self.shapes = shapes
-
-    def get_slice(self, name: str) -> "_Drawn":
-        return _Drawn(self, name)
-
-    def draw(self, name: str) -> torch.Tensor:
-        tensor = torch.empty(self.shapes[name], dtype=self.dtype, device=self.device)
-        if "norm" in name:
-            return tensor.fill_(1.0)
-        seed = self.settings.get("seed", 0) * (1 << 32) + zlib.crc32(name.encode())
-        generator = torch.Generator(device=tensor.device).manual_seed(seed)
-        return tensor.normal_(0.0, self.settings.get("std", 0.02), generator=generator)
-
-
-class _Drawn:
-    def __init__(self, checkpoint: RandomCheckpoint, name: str):
-        self.checkpoint, self.name = checkpoint, name
-
-    def __getitem__(self, index) -> torch.Tensor:
-        return self.checkpoint.draw(self.name)[index]

@@ -68,8 +68,8 @@ def test_a_rank_loads_exactly_its_slices(tmp_path, rank):
 
 def test_random_weights_folders_load_whole_and_as_shards(tmp_path):
     """BENCHMARKS ONLY: a config and the random-weights marker, no weights: each process draws its weights on its
-    device (a whole model at degree 1; at degree > 1 each rank reads its slices of tensors drawn by name, so the
-    shards of degrees 2 and 4 are slices of one model), the same on every load."""
+    device, tensor by tensor, each from a generator seeded by its name, so the whole model (degree 1) and the shards
+    of degrees 2 and 4 are one model, the same on every load."""
     import json
 
     from specsplit.services.models.loader import RANDOM_WEIGHTS_MARKER, load_model
@@ -93,3 +93,6 @@ def test_random_weights_folders_load_whole_and_as_shards(tmp_path):
     vocab = build_model("qwen2").config.vocab_size  # the last rank's rows are padded past it
     whole_vocab = [torch.cat([s.model.model.embed_tokens.weight for s in each])[:vocab] for each in (shards, quarters)]
     assert torch.equal(*whole_vocab)  # the vocabulary: rows
+    assert torch.equal(whole_vocab[0], params["model.embed_tokens.weight"])  # the unsharded model's too
+    down = [s.model.model.layers[1].mlp.down_proj.linear.weight for s in shards]
+    assert torch.equal(torch.cat(down, 1), params["model.layers.1.mlp.down_proj.weight"])
