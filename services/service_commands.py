@@ -22,6 +22,7 @@ from specsplit.services.target.acceptance_flags import acceptance_argv, acceptan
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
 DEFAULT_HTTP_PORT = 8000  # the coordinator's OpenAI-compatible HTTP API
+DEFAULT_WARM_UP_K = 4  # workers capture the round graphs of up to this many proposals before serving (operator: WORKERS_WARM_UP_K)
 
 
 def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
@@ -49,7 +50,7 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
         p.add_argument("--layout-k", type=int, default=4, metavar="K",
                        help="the proposals per round an auto layout is measured for (0 = a target decoding alone)")
         add_threads_arg(p, role)
-        p.add_argument("--warm-up-k", type=int, default=4, metavar="K",
+        p.add_argument("--warm-up-k", type=int, default=DEFAULT_WARM_UP_K, metavar="K",
                        help="on a GPU, capture the CUDA graphs of rounds with up to K proposals before listening "
                        "(a few seconds; 0 = capture each shape when it first comes up)")
         p.add_argument("--tensor-parallel-size", type=int, default=1,
@@ -395,7 +396,7 @@ def _run_serve(args) -> int:
     model_flags = ["--dtype", args.dtype, "--device", args.device, "--block-size", str(args.block_size)]
     # On a GPU the workers capture the graphs of rounds up to the coordinator's bound before serving, so no round
     # of a larger k (the policy climbs to it) waits for a capture mid-stream.
-    model_flags += ["--warm-up-k", str(max(k, 4))] + batch_invariant_argv(args)
+    model_flags += ["--warm-up-k", str(max(k, DEFAULT_WARM_UP_K))] + batch_invariant_argv(args)
     worker_metrics = ["--metrics-port", "0" if args.metrics_port >= 0 else "-1"]
     if args.num_kv_blocks:
         model_flags += ["--num-kv-blocks", str(args.num_kv_blocks)]
