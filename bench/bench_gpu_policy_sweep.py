@@ -12,8 +12,8 @@ rows requests that leave k to the policy, whose state carries from cell to cell 
 adaptive runs start after one untimed run of that cell); the unrelated-draft part starts from a fresh policy (a
 deployment whose draft never agreed). Greedy throughout.
 
-Budget: the whole default run took 4 minutes on an H200 before each cell captured its alpha's verification graphs
-and gave each fixed k an untimed run (about 6 expected; not timed since): 64 new tokens per request, one timed run
+Budget: the whole default run took 4 minutes on an H200 before each fixed k got an untimed run (about 6 expected;
+not timed since): 64 new tokens per request, one timed run
 per fixed k after an untimed one (16 runs a cell), three for adaptive (after one untimed) and three for target-only
 per batch size (the medians reported), 3 alphas x 4 batch sizes; unrelated draft: 4 batch sizes x (3 target-only
 + 1 + 3 adaptive); long prompts: 8192 tokens, alpha 0.7, batch 1: target-only x3, fixed k 1..8 (untimed + timed),
@@ -151,11 +151,10 @@ def cell(engine, alpha: float, batch: int, target_only: dict, tokens: int, repea
     """The sweep of one alpha x batch: fixed k = 1..MAX_K (one untimed run, then one timed), adaptive (one untimed
     run, then `repeats`)."""
     engine.verifier.synthetic_acceptance = alpha  # benchmark-only switch; rows are labelled synthetic
-    # The coin's alpha is part of a verification graph's shape, so a cell's graphs are new ones: captured here and in
-    # each k's untimed run (which also meets a long prompt's context), never inside a timed run. Without this, each
-    # cell's first k at a padded verification width (1, 2, 3 -> 4, 5 -> 8) captured it inside its one timed run:
-    # 0.2-0.8x target-only on the H200 (bench/results/gpu_policy_sweep_h200.json).
-    engine.verifier.warm_up(max_batch=batch, max_k=MAX_K, sampled=False)
+    # The coin's alpha is part of a verification graph's shape, so a cell's graphs are new ones: each k's untimed run
+    # captures those its timed run meets (the same requests, seeds and coins; a long prompt's context too). Without
+    # it, each cell's first k at a padded verification width (1, 2, 3 -> 4, 5 -> 8) captured it inside its one timed
+    # run: 0.2-0.8x target-only on the H200 (bench/results/gpu_policy_sweep_h200.json).
     fixed = {}
     for k in range(1, MAX_K + 1):
         run(engine, batch, "fixed", k, tokens, prompt_len)
