@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 SPECULATION_MODES = ("adaptive", "fixed")
 RELEASE_AT_CLOSE_SECONDS = 2.0  # how long a closing coordinator waits for a replica marked down to free its sequences
+CLOSE_ROUND_SECONDS = 5.0  # how long a closing coordinator lets the round in flight answer before releasing
 
 
 @dataclass
@@ -163,13 +164,10 @@ class Coordinator:
         return min(lens) if lens else 0
 
     async def close(self) -> None:
-        if self._loop_task:
-            self._loop_task.cancel()
-            try:
-                await self._loop_task
-            except asyncio.CancelledError:
-                pass
         for sequence in list(self.running) + list(self.waiting):
+            self.abort(sequence)
+        await self._end_round_in_flight()
+        for sequence in list(self.running) + list(self.waiting):  # those of a round that did not end in time
             self.abort(sequence)
         await self._release_finished()
         # Replicas marked down may only have been slow (a loaded host): before this coordinator goes, it tells each
@@ -177,6 +175,27 @@ class Coordinator:
         calls = [self._release_now(client, handles) for client, handles in self.health.moved_away_handles().items()]
         if calls:
             await asyncio.gather(*calls)
+
+    async def _end_round_in_flight(self) -> None:
+        """Let the round in flight end, within a bound, then stop the loop. Its calls are on the wire already (a
+        cancelled await does not withdraw a sent message): a release sent before their answers could reach a worker
+        ahead of them, and a prefill run after its release would hold that KV until the worker's lease. The loop
+        releases the aborted sequences once their calls have answered, then goes idle."""
+        task = self._loop_task
+        if task is None or task.done():
+            return
+        if self._bound_loop is asyncio.get_running_loop():
+            try:
+                async with asyncio.timeout(CLOSE_ROUND_SECONDS):
+                    await self._idle.wait()
+            except TimeoutError:
+                log.warning("the round in flight did not end within %.1f s of close; releasing without it",
+                            CLOSE_ROUND_SECONDS)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
 
     async def _release_now(self, client, handles: list[str]) -> None:
         try:

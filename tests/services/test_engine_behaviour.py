@@ -126,6 +126,45 @@ def test_kv_pressure_preempts_and_recomputes_instead_of_failing(tiny_pair):
     assert tight.kv_blocks_used() == {"target": 0, "draft": 0}
 
 
+class PrefillsOnTheWire:
+    """A worker client whose prefills, once sent, run on the worker whatever the caller does next (cancelling the
+    await of a gRPC call does not withdraw the message it wrote); its releases go at once, as a separate call may
+    overtake a message still on the wire."""
+
+    def __init__(self, client, delay: float):
+        self.client, self.delay, self.sent = client, delay, []
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+    async def prefill(self, items):
+        async def on_the_worker():
+            await asyncio.sleep(self.delay)
+            return await self.client.prefill(items)
+
+        self.sent.append(asyncio.ensure_future(on_the_worker()))
+        return await asyncio.shield(self.sent[-1])
+
+
+def test_a_coordinator_closing_mid_prefill_frees_what_the_prefill_took(tiny_pair):
+    engine = LocalEngine(tiny_pair["target"], tiny_pair["close"], num_speculative_tokens=2, dtype="float64")
+    pools = [engine.coordinator.targets, *engine.coordinator.drafts]
+    wires = [PrefillsOnTheWire(pool.replicas[0], delay=0.2) for pool in pools]
+    for pool, wire in zip(pools, wires):
+        pool.replicas[0] = wire
+
+    async def main():
+        request = asyncio.ensure_future(engine.coordinator.generate(engine.request("def f(x):", SamplingParams(max_tokens=50))))
+        while not all(wire.sent for wire in wires):  # both prefills sent, neither answered yet
+            await asyncio.sleep(0.01)
+        await engine.coordinator.close()
+        await asyncio.gather(*(task for wire in wires for task in wire.sent))
+        return await request
+
+    assert asyncio.run(main()).finish_reason == "abort"
+    assert engine.kv_blocks_used() == {"target": 0, "draft": 0}
+
+
 @pytest.mark.parametrize(
     "prompt,params,message",
     [
