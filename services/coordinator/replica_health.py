@@ -33,38 +33,32 @@ class ReplicaHealth:
 
     async def call(self, client, method: str, items: list):
         """`client.<method>(items)` within the replica's deadline; a late call raises Unavailable unless the replica
-        still answers (then it is waited for, up to the busy bound)."""
+        still answers (then it is waited for, up to the busy bound).
+
+        The call runs in the caller's own task, not a task of its own: its request is written before the event loop
+        turns, ahead of the callbacks already queued (the client streams woken by the last round's tokens, 32 of
+        them at batch 32), which then run while the worker computes instead of in front of the round's send. The
+        guard is a timer that, when the deadline passes, asks the replica to describe itself and cancels the caller
+        only if it does not answer."""
         if getattr(client, "in_process", False):  # its calls run in this process: no deadline could fire in time
             return await getattr(client, method)(items)
         size = call_size(items)
         deadline = self.deadlines.deadline(client.name, method, size)
         call_id = self.deadlines.started(client.name, method, size)
         started = time.perf_counter()
-        task = asyncio.ensure_future(getattr(client, method)(items))
+        guard = _LateCallGuard(self, client, method, size, deadline)
         try:
-            result, in_time = await self._await_while_alive(client, task, deadline, method, size)
+            result = await getattr(client, method)(items)
+        except BaseException:  # cancelled, or the client's own error for a cancelled call
+            if guard.verdict is not None and asyncio.current_task().uncancel() == 0:  # the guard's, no one else's
+                raise guard.verdict from None
+            raise
         finally:
+            guard.stop()
             self.deadlines.ended(client.name, call_id)
-            if not task.done():
-                task.cancel()
-        if in_time:  # a late call's time (a capture, a queue) is no measure of the usual one
+        if not guard.waited:  # a late call's time (a capture, a queue) is no measure of the usual one
             self.deadlines.observe(client.name, method, size, time.perf_counter() - started)
         return result
-
-    async def _await_while_alive(self, client, task, deadline: float, method: str, size: int):
-        """-> (the call's result, whether it came within its deadline)."""
-        waited = 0.0
-        while True:
-            if await _done_within(task, deadline):
-                return task.result(), waited == 0.0
-            waited += deadline
-            if waited >= self.deadlines.settings.busy_seconds or not await self._answers(client):
-                raise Unavailable(f"{client.name} did not answer a {method} of {size} tokens within {waited:.1f} s "
-                                  f"(usually {self.deadlines.expected(client.name, method, size):.3f} s)")
-            if waited == deadline:
-                log.warning("%s is late with a %s of %d tokens (%.1f s, usually %.3f s) but answers: busy, waiting "
-                            "up to %.0f s", client.name, method, size, waited,
-                            self.deadlines.expected(client.name, method, size), self.deadlines.settings.busy_seconds)
 
     async def _answers(self, client) -> bool:
         """Whether the replica answers a Describe in time (a frozen process does not)."""
@@ -132,26 +126,46 @@ class ReplicaHealth:
         log.warning("replica %s is back%s", replica.name, f"; released {len(gone)} sequences that moved away" if gone else "")
 
 
-async def _done_within(task: asyncio.Future, seconds: float) -> bool:
-    """Whether `task` ends within `seconds`; it runs on either way (a late call may still be waited for). A timer
-    and a done callback on one future, lighter than asyncio.wait on the round's path: with the task, the guard
-    costs 6.4 us a call more than awaiting the call under a timeout did (bench/bench_call_deadline.py)."""
-    if task.done():
-        return True
-    waiter = asyncio.get_running_loop().create_future()
+class _LateCallGuard:
+    """The deadline of one call awaited in the caller's task: each time the deadline passes, the replica must answer
+    a Describe (then it is busy and the call is waited for, up to the busy bound) or the caller's task is cancelled
+    with `verdict` set, which ReplicaHealth.call raises as UNAVAILABLE. A timer and no task while the call is in
+    time: what it costs a call is bench/bench_call_deadline.py's."""
 
-    def wake(_=None):
-        if not waiter.done():
-            waiter.set_result(None)
+    def __init__(self, health: ReplicaHealth, client, method: str, size: int, deadline: float):
+        self.health, self.client, self.method, self.size, self.deadline = health, client, method, size, deadline
+        self.caller = asyncio.current_task()
+        self.waited = 0.0
+        self.verdict: Unavailable | None = None
+        self._check: asyncio.Task | None = None
+        self._timer = asyncio.get_running_loop().call_later(deadline, self._late)
 
-    timer = asyncio.get_running_loop().call_later(seconds, wake)
-    task.add_done_callback(wake)
-    try:
-        await waiter
-    finally:
-        timer.cancel()
-        task.remove_done_callback(wake)
-    return task.done()
+    def _late(self) -> None:
+        self._timer = None
+        self.waited += self.deadline
+        self._check = asyncio.get_running_loop().create_task(self._busy_or_hung())
+
+    async def _busy_or_hung(self) -> None:
+        settings = self.health.deadlines.settings
+        if self.waited < settings.busy_seconds and await self.health._answers(self.client):
+            if self.waited == self.deadline:
+                log.warning("%s is late with a %s of %d tokens (%.1f s, usually %.3f s) but answers: busy, waiting "
+                            "up to %.0f s", self.client.name, self.method, self.size, self.waited,
+                            self.health.deadlines.expected(self.client.name, self.method, self.size), settings.busy_seconds)
+            self._timer = asyncio.get_running_loop().call_later(self.deadline, self._late)
+            return
+        self.verdict = Unavailable(
+            f"{self.client.name} did not answer a {self.method} of {self.size} tokens within {self.waited:.1f} s "
+            f"(usually {self.health.deadlines.expected(self.client.name, self.method, self.size):.3f} s)")
+        self.caller.cancel()
+
+    def stop(self) -> None:
+        """The call ended (answered, failed or cancelled): no more deadlines, no check left running."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._check is not None and not self._check.done() and self._check is not asyncio.current_task():
+            self._check.cancel()
 
 
 def call_size(items: list) -> int:

@@ -81,6 +81,46 @@ def test_a_replica_that_answers_but_never_finishes_fails_after_the_busy_bound():
     assert 0.75 < asyncio.run(main()) < 3.0
 
 
+def test_a_call_is_sent_before_the_callbacks_already_queued_run():
+    """The round's call starts in the caller's task: its request goes out before the event loop runs what was queued
+    ahead of it (the client streams woken by the last round's tokens), which then runs while the worker computes."""
+    async def main():
+        h, replica, order = health(), FakeReplica("t1"), []
+        sent = replica.verify
+
+        async def verify(items):
+            order.append("sent")
+            return await sent(items)
+
+        replica.verify = verify
+        for _ in range(3):
+            asyncio.get_running_loop().call_soon(order.append, "stream write")
+        assert await h.call(replica, "verify", ["a"]) == ["ok"]
+        return order
+
+    assert asyncio.run(main()) == ["sent"] + ["stream write"] * 3
+
+
+def test_a_hung_call_cancelled_by_its_guard_leaves_its_caller_usable_and_other_cancels_stay_cancels():
+    """The guard cancels the caller's own task: the caller gets UNAVAILABLE and may await again afterwards, while a
+    cancellation from elsewhere (the coordinator closing) still ends the call as a cancellation."""
+    async def main():
+        h, replica = health(), FakeReplica("t1")
+        await h.call(replica, "verify", ["a"])
+        replica.frozen = True
+        with pytest.raises(Unavailable):
+            await h.call(replica, "verify", ["a"])
+        await asyncio.sleep(0.01)  # not cancelled: the guard's cancellation was taken back
+        assert asyncio.current_task().cancelling() == 0
+        calling = asyncio.create_task(h.call(replica, "verify", ["a"]))
+        await asyncio.sleep(0.05)
+        calling.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await calling
+
+    asyncio.run(main())
+
+
 def test_a_resumed_replica_releases_what_moved_away_before_it_rejoins_even_when_idle():
     async def main():
         h, replica = health(), FakeReplica("t1")
