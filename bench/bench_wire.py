@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import grpc  # noqa: E402
 
 from bench_common import print_table, write_results  # noqa: E402
-from specsplit.services.rpc.round_channel import RoundChannelClient, RoundChannelServer, loop_spinner  # noqa: E402
+from specsplit.services.rpc.round_channel import REQUEST, RoundChannelClient, RoundChannelServer, loop_spinner  # noqa: E402
 
 IDENTITY = lambda b: b  # noqa: E731
 
@@ -60,7 +60,7 @@ async def _serve(kind: str, spin: bool) -> None:
         async def handle(payload, owner):
             return payload
 
-        server = RoundChannelServer(handle, spin=False)
+        server = RoundChannelServer({REQUEST: handle}, spin=False)
         port = await server.start("127.0.0.1", 0)
     else:
         async def echo(reader, writer):

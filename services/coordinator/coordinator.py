@@ -310,7 +310,10 @@ class Coordinator:
             for client, group in _group(ready, lambda s: s.target)
         ]
         prefilled, rounds = [], []
-        for group_results in await asyncio.gather(*calls):
+        round_timeline.mark("prefill.start")
+        answered = await asyncio.gather(*calls)
+        round_timeline.mark("prefill.answered")
+        for group_results in answered:
             for sequence, verdict in group_results:
                 if sequence.finished:
                     continue

@@ -9,7 +9,7 @@ from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
 from specsplit.services.coordinator.call_streams import CallStream
 from specsplit.services.errors import Unavailable
 from specsplit.services.rpc import worker_messages as msg
-from specsplit.services.rpc.round_channel import RoundChannelClient, client_ssl_context
+from specsplit.services.rpc.round_channel import PREFILL, RoundChannelClient, client_ssl_context
 from specsplit.services.rpc.server import MAX_MESSAGE_BYTES
 from specsplit.services.rpc.status_codes import error_from_rpc
 from specsplit.services.rpc.worker_credentials import COORDINATOR_ID, worker_call_metadata
@@ -106,17 +106,31 @@ class _GrpcWorkerClient:
                 continue
             if self.info.role != self.role:
                 raise Unavailable(f"{self.address} is a {self.info.role} worker, not a {self.role}")
-            if self.transport == "channel" and self.info.round_port and self.round_channel is None:
-                host = self.address.rpartition(":")[0].strip("[]")
-                security = self.security
-                self.round_channel = RoundChannelClient(
-                    host, self.info.round_port, COORDINATOR_ID, security.secret if security is not None else None,
-                    client_ssl_context(security), (security.server_name if security is not None else None) or host,
-                    spin=self.spin_wait)
+            self._open_round_channel()
             return self
 
+    def _open_round_channel(self) -> None:
+        if self.transport == "channel" and self.info.round_port and self.round_channel is None:
+            host = self.address.rpartition(":")[0].strip("[]")
+            security = self.security
+            self.round_channel = RoundChannelClient(
+                host, self.info.round_port, COORDINATOR_ID, security.secret if security is not None else None,
+                client_ssl_context(security), (security.server_name if security is not None else None) or host,
+                spin=self.spin_wait)
+
     async def describe(self) -> worker_pb2.WorkerInfo:
-        return await self._call(self.stub.Describe, worker_pb2.DescribeRequest())
+        """The worker's self-description; a worker restarted at this address may serve its round channel on another
+        port (or none, or take prefills there or not): the client follows it (the probes of a replica marked down
+        describe it before it is used again, replica_health.py)."""
+        info = await self._call(self.stub.Describe, worker_pb2.DescribeRequest())
+        if self.info is not None and (info.round_port, info.round_channel_prefills) != (
+                self.info.round_port, self.info.round_channel_prefills):
+            if self.round_channel is not None:
+                self.round_channel.close()
+                self.round_channel = None
+            self.info = info
+            self._open_round_channel()
+        return info
 
     async def release(self, handles):
         await self._call(self.stub.Release, worker_pb2.ReleaseRequest(handles=handles))
@@ -126,6 +140,13 @@ class _GrpcWorkerClient:
             return await method(request, timeout=self.call_timeout, metadata=self._metadata)
         except grpc.RpcError as error:
             raise error_from_rpc(error) from None
+
+    async def _prefill_call(self, request, response_type):
+        """A prefill: over the round channel where the worker takes prefills there (a request's first token waits
+        on it), else unary gRPC."""
+        if self.round_channel is not None and self.info.round_channel_prefills:
+            return await self.round_channel.request(request, response_type, PREFILL)
+        return await self._call(self.stub.Prefill, request)
 
     async def _round_call(self, request):
         """The round's call: over the stream when there is one, else unary. The caller bounds its time (the
@@ -156,7 +177,8 @@ class GrpcDraftClient(_GrpcWorkerClient):
     response_type = worker_pb2.ProposeResponse
 
     async def prefill(self, items):
-        return msg.draft_prefill_results(await self._call(self.stub.Prefill, msg.draft_prefill_request(items, outgoing_traceparents())))
+        request = msg.draft_prefill_request(items, outgoing_traceparents())
+        return msg.draft_prefill_results(await self._prefill_call(request, worker_pb2.DraftPrefillResponse))
 
     async def propose(self, items):
         request = msg.propose_request(items, outgoing_traceparents())
@@ -175,7 +197,8 @@ class GrpcTargetClient(_GrpcWorkerClient):
     response_type = worker_pb2.VerifyResponse
 
     async def prefill(self, items):
-        response = await self._call(self.stub.Prefill, msg.target_prefill_request(items, outgoing_traceparents()))
+        request = msg.target_prefill_request(items, outgoing_traceparents())
+        response = await self._prefill_call(request, worker_pb2.VerifyResponse)
         return msg.verdicts(response, [i.logprobs is not None for i in items])
 
     async def verify(self, items):

@@ -40,6 +40,7 @@ class GenerationService(generation_pb2_grpc.GenerationServicer):
         return pm.response_pb(result)
 
     async def GenerateStream(self, request, context):
+        round_timeline.mark("request.received")
         try:
             generation = await self._request(request)
             async for event in self.coordinator.stream(generation):

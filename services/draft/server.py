@@ -9,7 +9,7 @@ from specsplit.services.draft.proposer import DraftProposer
 from specsplit.services.rpc import worker_messages as msg
 from specsplit.services.rpc.invalid_items import valid_items_only
 from specsplit.services.rpc.round_calls import RoundCalls
-from specsplit.services.rpc.worker_credentials import bind_handles, caller_owner, owned_handles
+from specsplit.services.rpc.worker_credentials import caller_owner, owned_handles
 from specsplit.services.rpc.step_batcher import StepBatcher
 from specsplit.services.rpc.worker_info import worker_info
 from specsplit.services.telemetry.worker_telemetry import WorkerTelemetry
@@ -34,11 +34,11 @@ class DraftService(worker_pb2_grpc.DraftWorkerServicer):
         self.telemetry.watch(self.batcher)
         self.round = RoundCalls("draft", "propose", worker_pb2.ProposeRequest, msg.propose_items, msg.propose_response,
                                 self.batcher, self.telemetry)
+        self.prefills = RoundCalls("draft", "prefill", worker_pb2.DraftPrefillRequest, msg.draft_prefill_items,
+                                   msg.draft_prefill_response, self.batcher, self.telemetry, marks="draft.prefill")
 
     async def Prefill(self, request, context):
-        items = bind_handles(msg.draft_prefill_items(request), caller_owner(context))
-        self.telemetry.received(items, request.traceparents)
-        return msg.draft_prefill_response(await self.batcher.submit("prefill", items))
+        return await self.prefills.unary(request, context)
 
     async def Propose(self, request, context):
         return await self.round.unary(request, context)

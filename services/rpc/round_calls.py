@@ -1,6 +1,7 @@
-"""A worker's round call (Propose on a draft, Verify on a target), whatever carries it: a unary gRPC call, one
-message of a long-lived gRPC stream, or a frame of the round channel (round_channel.py). Each is `unpack -> one
-step (inline for a lone caller, rpc/step_batcher.py) -> pack`, with the round timeline's marks on the way."""
+"""A worker's round call (Propose on a draft, Verify on a target) and its prefill, whatever carries them: a unary
+gRPC call, one message of a long-lived gRPC stream, or a frame of the round channel (round_channel.py). Each is
+`unpack -> one step (a round call inline for a lone caller, rpc/step_batcher.py; a prefill on the compute thread)
+-> pack`, with the round timeline's marks on the way."""
 
 import grpc
 
@@ -10,13 +11,14 @@ from specsplit.services.telemetry import round_timeline
 
 
 class RoundCalls:
-    def __init__(self, role: str, kind: str, request_type, unpack, pack, batcher, telemetry):
+    def __init__(self, role: str, kind: str, request_type, unpack, pack, batcher, telemetry, marks: str | None = None):
         """`unpack(request)` -> items (InvalidArgument per bad item, raised for a malformed request); `pack(results)`
-        -> the response message."""
+        -> the response message. `marks`: the round timeline's prefix for this call's stages (default: the role's,
+        which the round's call uses; a prefill names its own)."""
         self.role, self.kind, self.request_type = role, kind, request_type
         self._unpack, self._pack = unpack, pack
         self._batcher, self._telemetry = batcher, telemetry
-        self._marks = tuple(f"{role}.{stage}" for stage in ("received", "unpacked", "resumed", "answered"))
+        self._marks = tuple(f"{marks or role}.{stage}" for stage in ("received", "unpacked", "resumed", "answered"))
 
     async def call(self, request, owner: str | None):
         """One round's call from coordinator `owner`. Raises InvalidArgument when its columns do not line up."""

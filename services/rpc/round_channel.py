@@ -1,13 +1,15 @@
-"""The round channel: a worker's round call (Propose on a draft, Verify on a target) as length-prefixed protobuf
-frames over one plain TCP (or TLS) connection per coordinator, beside the worker's gRPC server.
+"""The round channel: a worker's round call (Propose on a draft, Verify on a target) and its prefills as
+length-prefixed protobuf frames over one plain TCP (or TLS) connection per coordinator, beside the worker's gRPC
+server.
 
 Why: the round is the one exchange whose latency the split pays every step, and a gRPC message in Python crosses
 three or four threads on each side (the transport's I/O threads, grpc.aio's completion-queue poller, the event
 loop), each a wake-up that costs tens to hundreds of microseconds on a virtualised host. Here a frame is read by
 the event loop straight off the socket: one wake-up per message, and none at all while the waiting side spins
-(`spin_wait`, below). The messages are the gRPC ones (worker.proto), so both transports share their code and
-checks; everything else (prefill, release, describe, health) stays on gRPC, which also says where the channel
-listens (WorkerInfo.round_port).
+(`spin_wait`, below). A request's first token waits on its prefill, so prefills take the channel too (over gRPC
+they cost a first token 1.1-1.3 ms more on the 2-core CPU, bench_split_breakdown.py's timeline). The messages are
+the gRPC ones (worker.proto), so both transports share their code and checks; everything else (release, describe,
+health) stays on gRPC, which also says where the channel listens (WorkerInfo.round_port).
 
 Frames: a 5-byte header (little-endian uint32 payload length, one byte kind) and the payload.
 - HELLO (client, first frame): "coordinator id\\n worker secret" in UTF-8 (the secret empty where none is
@@ -15,7 +17,10 @@ Frames: a 5-byte header (little-endian uint32 payload length, one byte kind) and
   same throttle) before anything else: a wrong one, or a first frame that is no hello, is answered with an ERROR
   frame (UNAUTHENTICATED) after the throttle's delay, and the connection closes.
   TLS and mutual TLS are the worker's gRPC settings, on this socket too.
-- REQUEST / RESPONSE: one serialized request message, answered by one response message, in order.
+- REQUEST / RESPONSE: one serialized round request message (ProposeRequest, VerifyRequest), answered by one
+  response message, in order.
+- PREFILL / RESPONSE: one serialized prefill request (DraftPrefillRequest, TargetPrefillRequest), answered the same
+  way by the Prefill method's response message.
 - ERROR: a google.rpc code (4 bytes) and a message; the worker closes the connection after sending one (bytes
   that do not parse, columns that do not line up: the caller's bug, as a gRPC stream would end).
 """
@@ -39,7 +44,7 @@ from specsplit.services.rpc.worker_credentials import MAX_OWNER_BYTES, checked_o
 log = logging.getLogger(__name__)
 
 HEADER = struct.Struct("<IB")
-HELLO, REQUEST, RESPONSE, ERROR = 1, 2, 3, 4
+HELLO, REQUEST, RESPONSE, ERROR, PREFILL = 1, 2, 3, 4, 5
 MAX_FRAME_BYTES = MAX_MESSAGE_BYTES  # as gRPC's message limit
 MAX_HELLO_BYTES = 4096               # read before the caller is authenticated: an id and a secret, no more
 UNAUTHENTICATED = code_number(grpc.StatusCode.UNAUTHENTICATED)
@@ -150,10 +155,11 @@ _SPINNERS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopSpinner]" =
 
 
 class RoundChannelServer:
-    """Serves a worker's round call: `handle(payload, owner)` -> response bytes (raises SpecsplitError)."""
+    """Serves a worker's calls by frame kind: `handlers[kind](payload, owner)` -> response bytes (raises
+    SpecsplitError); REQUEST (the round's call) and PREFILL where the worker serves them."""
 
-    def __init__(self, handle, check=None, ssl_context: ssl.SSLContext | None = None, spin: bool = False):
-        self._handle = handle
+    def __init__(self, handlers: dict, check=None, ssl_context: ssl.SSLContext | None = None, spin: bool = False):
+        self._handlers = handlers
         self._check = check  # caller_auth.SecretCheck of the worker's secret, or None (no secret)
         self._ssl = ssl_context
         self._spin = spin
@@ -182,10 +188,11 @@ class RoundChannelServer:
                 return
             while True:
                 kind, payload = await read_frame(reader)
-                if kind != REQUEST:
-                    raise InvalidArgument(f"expected a request frame, got kind {kind}")
+                handle = self._handlers.get(kind)
+                if handle is None:
+                    raise InvalidArgument(f"expected a request or prefill frame, got kind {kind}")
                 try:
-                    response = await self._handle(payload, owner)
+                    response = await handle(payload, owner)
                 except SpecsplitError as error:
                     writer.write(error_frame(code_number(status_code_for(error)), str(error)))
                     log.warning("round channel from %s ended: %s", address, error)
@@ -246,8 +253,9 @@ class RoundChannelClient:
         self._lock = asyncio.Lock()
         self._reader = self._writer = None
 
-    async def request(self, message, response_type):
-        """Send `message` (a protobuf request), return the `response_type` message that answers it."""
+    async def request(self, message, response_type, kind: int = REQUEST):
+        """Send `message` (a protobuf request) in a frame of `kind` (REQUEST, PREFILL), return the `response_type`
+        message that answers it."""
         async with self._lock:
             spinner = loop_spinner() if self._spin else None
             if spinner is not None:
@@ -255,7 +263,7 @@ class RoundChannelClient:
             try:
                 if self._writer is None:
                     await self._connect()
-                self._writer.write(encode_frame(REQUEST, message.SerializeToString()))
+                self._writer.write(encode_frame(kind, message.SerializeToString()))
                 kind, payload = await read_frame(self._reader)
             except (OSError, asyncio.IncompleteReadError) as error:
                 self._close()

@@ -13,7 +13,8 @@ def worker_info(role, model_name, runner, sequences, batcher, proposer: str = ""
         return worker_pb2.WorkerInfo(role=role, model=model_name, vocab_size=0, max_model_len=max_model_len,
                                      sequences=len(sequences), queue_depth=batcher.queue_depth,
                                      sequences_prefilled=sequences.created_total, proposer=proposer,
-                                     batch_invariant=batch_invariant(), round_port=round_port)
+                                     batch_invariant=batch_invariant(), round_port=round_port,
+                                     round_channel_prefills=round_port > 0)
     manager = runner.block_manager
     return worker_pb2.WorkerInfo(
         role=role,
@@ -32,4 +33,5 @@ def worker_info(role, model_name, runner, sequences, batcher, proposer: str = ""
         batch_invariant=batch_invariant(),
         tensor_parallel_size=getattr(runner, "tensor_parallel_size", 1),  # GPUs (processes) the model is sharded over
         round_port=round_port,
+        round_channel_prefills=round_port > 0,  # the channel takes PREFILL frames too (rpc/round_channel.py)
     )

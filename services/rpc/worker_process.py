@@ -9,7 +9,7 @@ import sys
 from specsplit.services.models.loader import load_model
 from specsplit.services.models.layout_calibration import role_rows, use_calibrated_layout
 from specsplit.services.rpc.caller_auth import SecretCheck
-from specsplit.services.rpc.round_channel import RoundChannelServer, server_ssl_context, spin_wait_default
+from specsplit.services.rpc.round_channel import PREFILL, REQUEST, RoundChannelServer, server_ssl_context, spin_wait_default
 from specsplit.services.rpc.server import start_server
 from specsplit.services.rpc.worker_credentials import is_loopback, listen_host, worker_secret_interceptor
 from specsplit.services.runtime.batch_invariance import check_tensor_parallel_sizes
@@ -129,8 +129,8 @@ async def start_worker(role: str, model: str, host: str, port: int, lease_second
     if round_port >= 0:
         runner = getattr(service, "verifier", getattr(service, "proposer", None))
         device = getattr(getattr(runner, "runner", None), "device", None)
-        channel = RoundChannelServer(service.round.frame, check, server_ssl_context(security),
-                                     spin=spin_wait_default(getattr(device, "type", "cpu") == "cuda"))
+        channel = RoundChannelServer({REQUEST: service.round.frame, PREFILL: service.prefills.frame}, check,
+                                     server_ssl_context(security), spin=spin_wait_default(getattr(device, "type", "cpu") == "cuda"))
         service.round_port = await channel.start(host, round_port)
     print(f"specsplit {role} listening on {host}:{bound}", flush=True)
     sys.stdout.flush()

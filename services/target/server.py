@@ -4,7 +4,7 @@ from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
 from specsplit.services.rpc import worker_messages as msg
 from specsplit.services.rpc.invalid_items import valid_items_only
 from specsplit.services.rpc.round_calls import RoundCalls
-from specsplit.services.rpc.worker_credentials import bind_handles, caller_owner, owned_handles
+from specsplit.services.rpc.worker_credentials import caller_owner, owned_handles
 from specsplit.services.rpc.step_batcher import StepBatcher
 from specsplit.services.rpc.worker_info import worker_info
 from specsplit.services.target.verifier import TargetVerifier
@@ -30,6 +30,8 @@ class TargetService(worker_pb2_grpc.TargetWorkerServicer):
         self.telemetry.watch(self.batcher)
         self.round = RoundCalls("target", "verify", worker_pb2.VerifyRequest, msg.verify_items, msg.verify_response,
                                 self.batcher, self.telemetry)
+        self.prefills = RoundCalls("target", "prefill", worker_pb2.TargetPrefillRequest, msg.target_prefill_items,
+                                   msg.verify_response, self.batcher, self.telemetry, marks="target.prefill")
 
     def _verify(self, items: list) -> list:
         """Items that failed to decode stay errors; the rest verify as one batch."""
@@ -38,9 +40,7 @@ class TargetService(worker_pb2_grpc.TargetWorkerServicer):
         return [i if isinstance(i, Exception) else next(verdicts) for i in items]
 
     async def Prefill(self, request, context):
-        items = bind_handles(msg.target_prefill_items(request), caller_owner(context))
-        self.telemetry.received(items, request.traceparents)
-        return msg.verify_response(await self.batcher.submit("prefill", items))
+        return await self.prefills.unary(request, context)
 
     async def Verify(self, request, context):
         return await self.round.unary(request, context)

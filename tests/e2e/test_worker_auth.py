@@ -22,11 +22,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 import specsplit.proto.v1
 from specsplit.client import Client
 from specsplit.proto.v1 import worker_pb2, worker_pb2_grpc
-from specsplit.services.draft.proposer import ProposeItem
+from specsplit.services.draft.proposer import DraftPrefill, ProposeItem
 from specsplit.services.errors import InvalidArgument, Unavailable
 from specsplit.services.rpc import worker_messages as msg
-from specsplit.services.rpc.round_channel import ERROR, HEADER, HELLO, MAX_HELLO_BYTES, REQUEST, RoundChannelClient, \
+from specsplit.services.rpc.round_channel import ERROR, HEADER, HELLO, MAX_HELLO_BYTES, PREFILL, REQUEST, RoundChannelClient, \
     encode_frame, error_from_frame, read_frame
+from specsplit.services.runtime.worker_sequences import WorkerSampling
 from specsplit.services.service_commands import spawn_service
 from specsplit.services.target.verifier import VerifyItem
 
@@ -346,6 +347,44 @@ def test_bytes_that_are_no_message_end_the_round_channel_alone(guarded):
     assert item_codes(asyncio.run(main())) == [grpc.StatusCode.NOT_FOUND.value[0]]
     with Client(guarded["coordinator"], timeout=60) as client:
         assert len(client.generate([1, 2, 3], max_tokens=4, ignore_eos=True).token_ids) == 4
+
+
+def test_prefills_over_the_round_channel_are_served_and_bound_to_its_coordinator(guarded):
+    """A request's prefill takes the round channel too (PREFILL frames): what it creates belongs to the coordinator
+    id of the channel's hello, as a gRPC prefill's belongs to its metadata's, and bytes that are no prefill request
+    end the connection alone. Both workers say they take prefills there."""
+    greedy = worker_pb2.WorkerSampling(temperature=0.0, top_p=1.0, seed=1)
+    for role, stub in (("target", worker_pb2_grpc.TargetWorkerStub), ("draft", worker_pb2_grpc.DraftWorkerStub)):
+        assert _describe(guarded[role], ((WORKER_SECRET_HEADER, SECRET),), stub).round_channel_prefills
+
+    async def main():
+        target, draft = _round_channel(guarded, "target", SECRET), _round_channel(guarded, "draft", SECRET)
+        try:
+            prefilled = await target.request(worker_pb2.TargetPrefillRequest(items=[worker_pb2.TargetPrefillItem(
+                handle="over-the-channel", token_ids=[1, 2, 3], sampling=greedy)]), worker_pb2.VerifyResponse, PREFILL)
+            first = item_tokens(prefilled)[0]
+            verified = await target.request(msg.verify_request([VerifyItem("over-the-channel", 3, first)]),
+                                            worker_pb2.VerifyResponse)
+            drafted = await draft.request(msg.draft_prefill_request([DraftPrefill(
+                "over-the-channel", [1, 2, 3], WorkerSampling(0.0, 0, 1.0, 1))]), worker_pb2.DraftPrefillResponse, PREFILL)
+            with pytest.raises(InvalidArgument, match="not a valid TargetPrefillRequest"):
+                await target.request(_Garbage(), worker_pb2.VerifyResponse, PREFILL)
+            return first, verified, drafted
+        finally:
+            target.close()
+            draft.close()
+
+    first, verified, drafted = asyncio.run(main())
+    assert len(first) == 1 and item_codes(verified) == [0]
+    assert [r.status.code for r in drafted.results] == [0]
+    with grpc.insecure_channel(guarded["target"]) as channel:
+        stub = worker_pb2_grpc.TargetWorkerStub(channel)
+
+        def release(coordinator):
+            return stub.Release(worker_pb2.ReleaseRequest(handles=["over-the-channel"]), timeout=30, metadata=(
+                (WORKER_SECRET_HEADER, SECRET), (COORDINATOR_ID_HEADER, coordinator))).released
+
+        assert release("mallory") == 0 and release("channel-test") == 1
 
 
 @pytest.mark.parametrize("kind, hello, refusal", [
