@@ -155,8 +155,9 @@ def test_a_coordinator_closing_mid_prefill_frees_what_the_prefill_took(tiny_pair
 
     async def main():
         request = asyncio.ensure_future(engine.coordinator.generate(engine.request("def f(x):", SamplingParams(max_tokens=50))))
-        while not all(wire.sent for wire in wires):  # both prefills sent, neither answered yet
-            await asyncio.sleep(0.01)
+        async with asyncio.timeout(30):
+            while not all(wire.sent for wire in wires):  # both prefills sent, neither answered yet
+                await asyncio.sleep(0.01)
         await engine.coordinator.close()
         await asyncio.gather(*(task for wire in wires for task in wire.sent))
         return await request
