@@ -28,7 +28,7 @@ ANNOTATION_LAST_APPLIED = "specsplit.dev/last-applied"
 
 # Ports fixed by the services' contract.
 GRPC_PORT = 50051
-ROUND_PORT = 50061  # a worker's round channel: the round's calls as frames beside gRPC (Describe advertises it)
+ROUND_PORT = 50061  # a worker's round channel: the round's calls and prefills as frames beside gRPC (Describe advertises it)
 HTTP_PORT = 8000  # the coordinator's OpenAI-compatible HTTP API
 METRICS_PORT = 9090
 # The co-located mode (spec.coordinator.colocated): the coordinator runs in every target pod, beside the target's

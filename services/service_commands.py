@@ -33,8 +33,8 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
         p.add_argument("--host", default="0.0.0.0")
         p.add_argument("--port", type=int, default=50051, help="0 = any free port (printed)")
         p.add_argument("--round-port", type=int, default=0,
-                       help="the round channel's port: the round's calls as frames over plain TCP (or TLS), beside "
-                       "gRPC, which tells coordinators where it is (0 = any free port, -1 = none: rounds over gRPC)")
+                       help="the round channel's port: the round's calls and prefills as frames over plain TCP (or TLS), "
+                       "beside gRPC, which tells coordinators where it is (0 = any free port, -1 = none: over gRPC)")
         p.add_argument("--lease-seconds", type=float, default=600.0, help="free sequences idle this long")
         p.add_argument("--draft-support", type=int, default=32, help="top-K support of the draft's q")
         if role == "target":
