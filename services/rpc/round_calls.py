@@ -1,6 +1,6 @@
 """A worker's round call (Propose on a draft, Verify on a target) and its prefill, whatever carries them: a unary
 gRPC call, one message of a long-lived gRPC stream, or a frame of the round channel (round_channel.py). Each is
-`unpack -> one step (a round call inline for a lone caller, rpc/step_batcher.py; a prefill on the compute thread)
+`unpack -> one step (inline for a lone caller: a round call always, a prefill when short; rpc/step_batcher.py)
 -> pack`, with the round timeline's marks on the way."""
 
 import grpc

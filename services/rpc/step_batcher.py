@@ -3,10 +3,11 @@
 gRPC handlers run on the event loop. A round's call from the only coordinator a worker serves, arriving while the
 worker is idle, runs its step right there on the loop's thread: handing it to another thread and back costs two
 thread wake-ups (tens to hundreds of microseconds) per call, which is most of what a round's hop costs beyond the
-wire. Calls from several coordinators, prefills (which can be long) and everything arriving while a step runs go to
-the compute thread instead, where every call queued while a step runs joins the next step of its kind (several
-coordinators' propose calls become one forward). One step runs at a time, inline or on the thread, so KV state
-changes need no locks.
+wire. So does such a caller's prefill when the pace of the last prefill says it ends within INLINE_PREFILL_SECONDS
+(a request's first token waits on it; a long one would hold the loop, which must stay free to answer a Describe).
+Calls from several coordinators, longer prefills and everything arriving while a step runs go to the compute thread
+instead, where every call queued while a step runs joins the next step of its kind (several coordinators' propose
+calls become one forward). One step runs at a time, inline or on the thread, so KV state changes need no locks.
 """
 
 import asyncio
@@ -20,7 +21,8 @@ from specsplit.services.telemetry import round_timeline
 
 log = logging.getLogger(__name__)
 
-INLINE_KINDS = ("propose", "verify")  # a round's calls; prefills may take long and go to the thread
+INLINE_KINDS = ("propose", "verify")  # a round's calls; prefills only when short (below)
+INLINE_PREFILL_SECONDS = 0.02        # a prefill this short at the last prefill's pace runs inline too
 LONE_CALLER_SECONDS = 1.0            # a caller is alone when no other called within this long
 
 _threads_at_work = [0]  # compute threads of this process running a step now (a spinning loop must let them have the GIL)
@@ -45,6 +47,7 @@ class StepBatcher:
         self._thread.start()
         self.steps = 0
         self.inline_steps = 0
+        self._prefill_pace: float | None = None  # seconds per token of the last prefill step (None: none yet)
 
     @property
     def queue_depth(self) -> int:
@@ -56,7 +59,7 @@ class StepBatcher:
         """The step's results for `items` (a list, one per item, or one value for the call). `caller` names who
         asks (a coordinator's id): a lone caller's round calls may run inline, unless `inline` is False (the caller
         has other work for this thread meanwhile)."""
-        if inline and self._try_inline(kind, caller):
+        if inline and self._try_inline(kind, caller, items):
             try:
                 return self._run(kind, items)
             finally:
@@ -75,14 +78,17 @@ class StepBatcher:
             self._stopped = True
             self._cond.notify()
 
-    def _try_inline(self, kind: str, caller: str | None) -> bool:
-        """Claim the worker for an inline step: a round call of the only recent caller, nothing queued or running."""
+    def _try_inline(self, kind: str, caller: str | None, items: list) -> bool:
+        """Claim the worker for an inline step: a round call (or a short prefill) of the only recent caller, nothing
+        queued or running."""
         if caller is None:
             return False
         now = time.monotonic()
+        short_prefill = (kind == "prefill" and self._prefill_pace is not None
+                         and self._prefill_pace * _tokens(items) <= INLINE_PREFILL_SECONDS)
         with self._cond:
             self._callers[caller] = now
-            if kind not in INLINE_KINDS or self._busy or self._pending or self._stopped:
+            if (kind not in INLINE_KINDS and not short_prefill) or self._busy or self._pending or self._stopped:
                 return False
             if len(self._callers) > 1:
                 for other, last in list(self._callers.items()):
@@ -96,11 +102,14 @@ class StepBatcher:
 
     def _run(self, kind: str, items: list):
         round_timeline.mark(self._marks[0])
+        started = time.perf_counter()
         try:
             results = self._handlers[kind](items)
         except Exception as error:  # a failed step fails its calls, not the worker
             log.exception("%s step failed", kind)
             results = [error] * len(items)
+        if kind == "prefill":
+            self._prefill_pace = (time.perf_counter() - started) / max(_tokens(items), 1)
         self.steps += 1
         round_timeline.mark(self._marks[1])
         return results
@@ -135,6 +144,11 @@ class StepBatcher:
                 part = results[start : start + len(items)] if isinstance(results, list) else results
                 start += len(items)
                 loop.call_soon_threadsafe(_resolve, future, part)
+
+
+def _tokens(items: list) -> int:
+    """The tokens a prefill call's items carry (an item that failed to decode carries none)."""
+    return sum(len(getattr(item, "token_ids", None) or ()) for item in items)
 
 
 def _resolve(future, value) -> None:

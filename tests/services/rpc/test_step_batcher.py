@@ -1,9 +1,11 @@
 """How a worker runs its steps (rpc/step_batcher.py): a lone caller's round calls on the calling thread, several
-callers' calls merged on the compute thread, prefills always there, and the compute thread's work visible to a
-spinning loop."""
+callers' calls merged on the compute thread, prefills there unless the last prefill's pace says they are short, and
+the compute thread's work visible to a spinning loop."""
 
 import asyncio
 import threading
+import time
+from types import SimpleNamespace
 
 from specsplit.services.rpc import step_batcher
 from specsplit.services.rpc.step_batcher import StepBatcher
@@ -64,6 +66,32 @@ def test_prefills_and_unnamed_callers_go_to_the_compute_thread():
     run_calls(batcher, main)
     assert [name for _, name, _ in recorder.steps] == ["test-compute"] * 3
     assert batcher.inline_steps == 0
+
+
+def test_a_lone_callers_prefill_runs_inline_when_the_last_prefills_pace_says_it_is_short():
+    """A first token waits on its prefill: a short one skips the two thread hand-offs, a long one (at the pace the
+    last prefill measured: here 10 ms a token) goes to the compute thread, where it does not hold the loop."""
+    ran = []
+
+    def prefill(items):
+        time.sleep(0.01 * sum(len(i.token_ids) for i in items))
+        ran.append(threading.current_thread().name)
+        return [None] * len(items)
+
+    batcher = StepBatcher({"prefill": prefill}, name="test")
+
+    def tokens(n):
+        return [SimpleNamespace(token_ids=[0] * n)]
+
+    async def main():
+        await batcher.submit("prefill", tokens(3), caller="alice")  # no pace known yet: the thread
+        await batcher.submit("prefill", tokens(1), caller="alice")  # 10 ms at that pace: inline
+        await batcher.submit("prefill", tokens(5), caller="alice")  # 50 ms: the thread
+        await batcher.submit("prefill", tokens(1))                  # nobody named: the thread
+
+    run_calls(batcher, main)
+    assert ran == ["test-compute", threading.current_thread().name, "test-compute", "test-compute"]
+    assert batcher.inline_steps == 1
 
 
 def test_several_callers_are_merged_on_the_compute_thread():
