@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 from specsplit.services.coordinator.call_deadlines import add_call_deadline_args, deadline_settings_from_args
 from specsplit.services.draft.proposer_flags import add_proposer_args, ngram_options, proposer_argv
@@ -338,14 +337,21 @@ def address_after(process: subprocess.Popen, role: str) -> str:
 def spawn_service(argv: list[str], env=None, stderr=None,
                   timeout: float | None = None) -> tuple[subprocess.Popen, str]:
     """Start `specsplit ARGV` and wait for its 'listening on HOST:PORT' line; returns (process, address). A start
-    that has not listened after `timeout` seconds is killed (TimeoutError)."""
+    that has not listened after `timeout` seconds is stopped as stop_processes stops one (SIGTERM first, so a
+    `serve` stops the services it started) and raises TimeoutError."""
     process = subprocess.Popen(
         [sys.executable, "-m", "specsplit", *argv], stdout=subprocess.PIPE, stderr=stderr, text=True, env=env
     )
     process.startup_lines = []  # what it printed before listening (e.g. where its metrics are)
-    watchdog = threading.Timer(timeout, process.kill) if timeout is not None else None
-    started = time.monotonic()
+    timed_out = threading.Event()
+
+    def give_up():
+        timed_out.set()
+        stop_processes([process])
+
+    watchdog = threading.Timer(timeout, give_up) if timeout is not None else None
     if watchdog:
+        watchdog.daemon = True
         watchdog.start()
     try:
         for line in process.stdout:
@@ -356,7 +362,7 @@ def spawn_service(argv: list[str], env=None, stderr=None,
     finally:
         if watchdog:
             watchdog.cancel()
-    if timeout is not None and time.monotonic() - started >= timeout:
+    if timed_out.is_set():
         raise TimeoutError(f"`specsplit {' '.join(argv)}` not listening after {timeout:g}s")
     # Where its errors went into the pipe too, they are shown here or nowhere.
     output = "".join(f"\n{line}" for line in process.startup_lines[-30:]) if stderr == subprocess.STDOUT else ""
