@@ -123,7 +123,7 @@ class LocalEngine:
             k = max(num_speculative_tokens, 1) if self.proposer is not None else 0
             self.verifier.warm_up(max_k=k)
             if self.proposer is not None:
-                self.proposer.warm_up(max_k=k + 1)  # overlapped rounds also sample the bonus guess
+                self.proposer.warm_up(max_k=DraftProposer.warm_up_bound(k))
         config = coordinator_config or CoordinatorConfig(speculation=speculation)
         config.num_speculative_tokens = num_speculative_tokens if self.proposer is not None else 0
         if overlap is not None:

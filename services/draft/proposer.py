@@ -185,6 +185,12 @@ class DraftProposer:
                 **sampling_fields([batch[b][1].sampling for b in long]),
             }, tables)
 
+    @staticmethod
+    def warm_up_bound(max_k: int) -> int:
+        """The proposals per call to capture graphs for, for rounds of up to `max_k`: one more, since an overlapped
+        round's propose call also samples the bonus guess (coordinator._guesses)."""
+        return max_k + 1 if max_k > 0 else 0
+
     def warm_up(self, max_batch: int = 64, max_k: int = 4, sampled: bool = True) -> int:
         """Capture the step programs a round is likely to run (every batch bucket up to `max_batch`, every k up to
         `max_k`, greedy and plain-temperature sampling, and the catch-up-only graphs) before serving, so no request

@@ -55,7 +55,7 @@ def build_worker_service(role: str, model: str, dtype="float32", device="cpu", n
         from specsplit.services.draft.server import DraftService
 
         proposer = DraftProposer(runner, support_size=draft_support)
-        _warm_up(proposer, warm_up_k)
+        _warm_up(proposer, DraftProposer.warm_up_bound(warm_up_k))
         return DraftService(proposer, loaded.name), "specsplit.v1.DraftWorker"
     from specsplit.services.target.server import TargetService
     from specsplit.services.target.verifier import TargetVerifier
