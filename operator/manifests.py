@@ -165,7 +165,8 @@ def _requested_cores(resources: Resources) -> float:
 
 
 def worker_command(role: str, model: str, tensor_parallel_size: int, tls: InternalTLS | None = None,
-                   worker_auth: str | None = None, batch_invariant: bool = False, max_k: int = 4) -> list[str]:
+                   worker_auth: str | None = None, batch_invariant: bool = False,
+                   max_k: int = WORKERS_WARM_UP_K) -> list[str]:
     """`model`: for a draft, what its pool runs (draft_source.py): a model, or the n-gram proposer's flags;
     `max_k`: the deployment's bound on proposals per round."""
     security = grpc_security.worker_args(tls, worker_auth)
@@ -193,7 +194,7 @@ def colocated_target_command(spec: DeploymentSpec, model: str, tensor_parallel_s
 
 
 def _worker_flags(role: str, model: str, tensor_parallel_size: int, batch_invariant: bool,
-                  round_port: int = naming.ROUND_PORT, max_k: int = 4) -> list[str]:
+                  round_port: int = naming.ROUND_PORT, max_k: int = WORKERS_WARM_UP_K) -> list[str]:
     """`round_port` -1: none (the CLI's "rounds over gRPC")."""
     source = draft_flags(model) if role == naming.DRAFT else ["--model", model]
     command = ["specsplit", role, *source, "--port", str(naming.GRPC_PORT), "--round-port", str(round_port),

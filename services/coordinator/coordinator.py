@@ -167,7 +167,7 @@ class Coordinator:
         for sequence in list(self.running) + list(self.waiting):
             self.abort(sequence)
         await self._end_round_in_flight()
-        for sequence in list(self.running) + list(self.waiting):  # those of a round that did not end in time
+        for sequence in list(self.running) + list(self.waiting):  # any submitted while the round ended
             self.abort(sequence)
         await self._release_finished()
         # Replicas marked down may only have been slow (a loaded host): before this coordinator goes, it tells each

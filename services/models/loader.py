@@ -52,9 +52,10 @@ def resolve_model_path(model: str) -> Path:
 def load_model(model: str, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu") -> LoadedModel:
     torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
     path = resolve_model_path(model)
+    random_settings = None if path.is_file() else random_weights_settings(path)
     if path.is_file():
         hf_config, state, tokenizer = _read_gguf(path)
-    elif random_weights_settings(path) is not None:  # BENCHMARKS ONLY: drawn on the device, by name (as the shards)
+    elif random_settings is not None:  # BENCHMARKS ONLY: drawn on the device, by name (as the shards)
         hf_config, state, tokenizer = AutoConfig.from_pretrained(path), None, _tokenizer_or_none(path)
     else:
         hf_config, state, tokenizer = _read_folder(path)
@@ -67,7 +68,7 @@ def load_model(model: str, dtype: str | torch.dtype = "float32", device: str | t
     # Rotary frequencies stay float32 whatever the weights' dtype.
     decoder.rotary = RotaryEmbedding(hf_config, config.head_dim).to(device)
     if state is None:
-        state = RandomCheckpoint(config, random_weights_settings(path), torch_dtype, device)
+        state = RandomCheckpoint(config, random_settings, torch_dtype, device)
     decoder.load_hf_state_dict(state)
     decoder.eval().requires_grad_(False)
     return LoadedModel(decoder, config, tokenizer, str(path), os.path.basename(str(path).rstrip("/")))
