@@ -52,7 +52,7 @@ def test_a_call_ten_times_slower_than_usual_fails_unavailable_within_the_floor()
             await h.call(replica, "verify", ["a", "b"])
         return asyncio.get_running_loop().time() - started
 
-    assert 0.15 < asyncio.run(main()) < 1.0  # the deadline, then a Describe that gets no answer within the floor
+    assert 0.15 < asyncio.run(main()) < 1.5  # the deadline (0.2 s), then a Describe unanswered within the floor (0.2 s)
 
 
 def test_a_late_call_of_a_replica_that_still_answers_is_waited_for_and_not_counted_as_usual():

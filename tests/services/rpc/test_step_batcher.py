@@ -70,11 +70,12 @@ def test_prefills_and_unnamed_callers_go_to_the_compute_thread():
 
 def test_a_lone_callers_prefill_runs_inline_when_the_last_prefills_pace_says_it_is_short():
     """A first token waits on its prefill: a short one skips the two thread hand-offs, a long one (at the pace the
-    last prefill measured: here 5 ms a token) goes to the compute thread, where it does not hold the loop."""
+    last prefill measured: here 0.5 ms a token) goes to the compute thread, where it does not hold the loop. The
+    first prefill may measure 40 times slow and the second still runs inline."""
     ran = []
 
     def prefill(items):
-        time.sleep(0.005 * sum(len(i.token_ids) for i in items))
+        time.sleep(0.0005 * sum(len(i.token_ids) for i in items))
         ran.append(threading.current_thread().name)
         return [None] * len(items)
 
@@ -84,9 +85,9 @@ def test_a_lone_callers_prefill_runs_inline_when_the_last_prefills_pace_says_it_
         return [SimpleNamespace(token_ids=[0] * n)]
 
     async def main():
-        await batcher.submit("prefill", tokens(2), caller="alice")   # no pace known yet: the thread
-        await batcher.submit("prefill", tokens(1), caller="alice")   # 5 ms at that pace: inline
-        await batcher.submit("prefill", tokens(10), caller="alice")  # 50 ms: the thread
+        await batcher.submit("prefill", tokens(40), caller="alice")   # no pace known yet: the thread
+        await batcher.submit("prefill", tokens(1), caller="alice")    # 0.5 ms at that pace: inline
+        await batcher.submit("prefill", tokens(100), caller="alice")  # 50 ms at least: the thread
         await batcher.submit("prefill", tokens(1))                  # nobody named: the thread
 
     run_calls(batcher, main)
