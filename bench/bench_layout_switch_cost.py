@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_common import print_table, write_results  # noqa: E402
 from specsplit.services.models.layout_calibration import MatmulTimer  # noqa: E402
 from specsplit.services.models.loader import load_model  # noqa: E402
-from specsplit.services.models.weight_formats import PACKED_ROWS_HINT  # noqa: E402
+from specsplit.services.models.weight_formats import PackedLinear  # noqa: E402
 
 
 def main() -> None:
@@ -46,12 +46,12 @@ def main() -> None:
         started = time.perf_counter()
         packed = []
         for m in linears:  # one layer at a time: a switch holds one extra copy of one weight at most
-            packed.append(torch.ops.mkldnn._reorder_linear_weight(m.weight, PACKED_ROWS_HINT))
+            packed.append(PackedLinear(m))
             m.weight = None
         to_packed = time.perf_counter() - started
         started = time.perf_counter()
         for m, p in zip(linears, packed):
-            m.weight = nn.Parameter(p.to_dense(), requires_grad=False)
+            m.weight = nn.Parameter(p.packed_weight.to_dense(), requires_grad=False)
         to_dense = time.perf_counter() - started
     rows.append({"what": f"convert {len(linears)} linears ({weights / 1e9:.2f} B weights)",
                  "dense_ms": round(1e3 * to_dense, 1), "packed_ms": round(1e3 * to_packed, 1)})

@@ -65,6 +65,19 @@ STAGES = [  # (name, from mark, to mark): consecutive marks of one round; a work
     ("coordinator_commit", "verify.unpacked", "round.committed"),
     ("between_rounds", "round.committed", "next.round.start"),
 ]
+# A request's first token through the split (consecutive marks after the coordinator receives it; a lone request's
+# are unambiguous, so batch 1 rows only): the prefill's hop, the target's hand-off, its step and the way back.
+FIRST_TOKEN_STAGES = [
+    ("request_to_prefill", "request.received", "prefill.start"),
+    ("prefill_send", "prefill.start", "target.prefill.received"),
+    ("target_prefill_unpack", "target.prefill.received", "target.prefill.unpacked"),
+    ("target_prefill_hand_off", "target.prefill.unpacked", "target.step_start"),
+    ("target_prefill_model", "target.step_start", "target.step_end"),
+    ("target_prefill_hand_back", "target.step_end", "target.prefill.resumed"),
+    ("target_prefill_answer", "target.prefill.resumed", "target.prefill.answered"),
+    ("prefill_return", "target.prefill.answered", "prefill.answered"),
+    ("commit_and_stream", "prefill.answered", "client.streamed"),
+]
 PROMPT_WORDS = ["def fibonacci(n):", "import numpy as np\n", "class Stack:", "The answer is", "for i in range(",
                 "SELECT * FROM", "#include <stdio.h>", "Once upon a time"]
 
@@ -177,7 +190,7 @@ def services_rows(args, modes: list[str], target_dir, draft_dir, batches, ks, al
     colocated = [m for m in modes if SERVICE_MODES[m][0] == "colocated"]
     if len(colocated) > 1:
         raise SystemExit(f"one co-located mode per run (its coordinator lives in the target): {colocated}")
-    out, windows, procs = {}, {}, []
+    out, windows, spans, procs = {}, {}, {}, []
     try:
         draft, d_addr = spawn_service(["draft", "--model", str(draft_dir), "--device", args.devices[1], *common, *kv,
                                        *threads, "--warm-up-k", str(max(ks) + 1)], env=env)
@@ -216,12 +229,15 @@ def services_rows(args, modes: list[str], target_dir, draft_dir, batches, ks, al
                                 runs = [_run_client(client, args, batch, k) for _ in range(args.repeats)]
                                 median = _median_run(runs)
                                 windows[(mode, alpha, batch, k)] = median.pop("window")
+                                for run in runs:
+                                    run.pop("window", None)
+                                spans[(mode, alpha, batch, k)] = (runs[0]["started_ns"], runs[-1]["ended_ns"])
                                 out[(mode, alpha, batch, k)] = median
             finally:
                 stop_processes(started)
     finally:
         stop_processes(procs)
-    return out, windows
+    return out, windows, spans
 
 
 def _run_client(client, args, batch: int, k: int, warm_up: bool = False) -> dict:
@@ -245,7 +261,8 @@ def _run_client(client, args, batch: int, k: int, warm_up: bool = False) -> dict
         results = list(pool.map(one, enumerate(prompts(batch, args.device))))
         elapsed = time.perf_counter() - start
         ended_ns = time.monotonic_ns()
-    return {**_summary(elapsed, [r for r, _ in results], [p for _, p in results]), "window": (started_ns, ended_ns)}
+    return {**_summary(elapsed, [r for r, _ in results], [p for _, p in results]), "window": (started_ns, ended_ns),
+            "started_ns": started_ns, "ended_ns": ended_ns}
 
 
 def _summary(elapsed: float, results: list[tuple], pre_proposed: list[int]) -> dict:
@@ -317,6 +334,29 @@ def breakdown(timeline: dict, window: tuple[int, int]) -> dict:
     return row
 
 
+def first_token_breakdown(timeline: list, window: tuple[int, int]) -> dict:
+    """Median microseconds of each first-token stage over the requests inside `window` (ns), and the requests
+    counted: from each `request.received`, the first mark of each stage's name after the previous one."""
+    start_ns, end_ns = window
+    inside = [m for m in timeline if start_ns <= m[1] <= end_ns]
+    received = [i for i, (stage, _) in enumerate(inside) if stage == "request.received"]
+    samples: dict[str, list[float]] = {name: [] for name, _, _ in FIRST_TOKEN_STAGES}
+    for n, i in enumerate(received):
+        following = inside[i: received[n + 1] if n + 1 < len(received) else len(inside)]
+        at, cursor = {"request.received": inside[i][1]}, 0
+        for _, _, mark in FIRST_TOKEN_STAGES:
+            found = next((k for k in range(cursor, len(following)) if following[k][0] == mark), None)
+            if found is None:
+                break
+            at[mark], cursor = following[found][1], found + 1
+        for name, a, b in FIRST_TOKEN_STAGES:
+            if a in at and b in at:
+                samples[name].append((at[b] - at[a]) / 1e3)
+    row = {name: round(statistics.median(v), 1) for name, v in samples.items() if v}
+    row["requests_timed"] = len(samples["request_to_prefill"])
+    return row
+
+
 # ---- main -----------------------------------------------------------------------------------------------------
 
 def main() -> None:
@@ -363,7 +403,7 @@ def main() -> None:
     services = [m for m in modes if m != "in_process"]
     if services:
         prefix = str(root / "timeline")
-        measured, windows = services_rows(args, services, target_dir, draft_dir, batches, ks, alphas, prefix)
+        measured, windows, spans = services_rows(args, services, target_dir, draft_dir, batches, ks, alphas, prefix)
         timeline = read_timeline(prefix)
         if os.environ.get("OUT"):  # the raw marks, for other readings of the same run
             with gzip.open(Path(os.environ["OUT"]) / f"{args.name}_timeline.json.gz", "wt") as out:
@@ -385,6 +425,8 @@ def main() -> None:
             if serial is not None and serial is not run:
                 row["vs_serial"] = run["tokens_per_s"] / serial["tokens_per_s"]
             row["breakdown_ms"] = breakdown(timeline, windows[(mode, alpha, batch, k)])
+            if batch == 1 and mode.startswith("split"):
+                row["first_token_us"] = first_token_breakdown(timeline, spans[(mode, alpha, batch, k)])  # all repeats
             rows.append(row)
     print_table(rows, ["label", "mode", "alpha", "batch", "k", "tokens_per_s", "ms_per_round", "tokens_per_round",
                        "extra_ms_per_round", "decode_extra_ms_per_round", "vs_in_process", "vs_serial",
@@ -392,6 +434,9 @@ def main() -> None:
     for row in rows:
         if "breakdown_ms" in row:
             print(row["label"], row["mode"], row["alpha"], row["batch"], row["k"], json.dumps(row["breakdown_ms"]))
+        if "first_token_us" in row:
+            print(row["label"], row["mode"], row["alpha"], row["batch"], row["k"], "first token (us):",
+                  json.dumps(row["first_token_us"]))
     path = write_results(args.name, rows, {
         "models": ("tiny random-weight qwen2 pair (close draft), float32, CPU, one torch thread per process"
                    if args.device == "cpu" else f"random-weight Qwen2.5 {args.target} target on {args.devices[0]}, "
