@@ -20,6 +20,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (every thread's children, read from /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
 class Cluster:
     def __init__(self):
         self.processes: dict[str, subprocess.Popen] = {}

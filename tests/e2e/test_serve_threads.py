@@ -8,6 +8,7 @@ import pytest
 
 from specsplit.services.runtime.cpu_threads import threads_for
 from specsplit.services.service_commands import spawn_service
+from cluster import child_pids
 
 # "Every core": those this process may run on, which the processes it starts inherit.
 CORES = len(os.sched_getaffinity(0))
@@ -20,8 +21,7 @@ def _serve_threads(tiny_pair, *flags, commands: list | None = None) -> dict[str,
             "--metrics-port", "-1", "--num-kv-blocks", "16", *flags]
     serve, _ = spawn_service(argv, stderr=subprocess.PIPE)
     if commands is not None:
-        children = open(f"/proc/{serve.pid}/task/{serve.pid}/children").read().split()
-        commands += [open(f"/proc/{pid}/cmdline").read().split("\0") for pid in children]
+        commands += [open(f"/proc/{pid}/cmdline").read().split("\0") for pid in child_pids(serve.pid)]
     serve.terminate()
     _, stderr = serve.communicate(timeout=60)
     said = {}

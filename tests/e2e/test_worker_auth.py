@@ -31,7 +31,7 @@ from specsplit.services.runtime.worker_sequences import WorkerSampling
 from specsplit.services.service_commands import spawn_service
 from specsplit.services.target.verifier import VerifyItem
 
-from cluster import item_codes, item_tokens
+from cluster import child_pids, item_codes, item_tokens
 
 # The contract, spelled out (services/rpc/worker_credentials.py holds the same names).
 WORKER_SECRET_ENV = "SPECSPLIT_WORKER_SECRET"
@@ -255,19 +255,6 @@ def test_a_worker_without_credentials_listens_on_loopback_only(guarded, tmp_path
         worker.wait(timeout=20)
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = open(f"/proc/{entry}/stat").read()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(entry))
-    return out
-
-
 def test_serve_generates_a_secret_and_keeps_it_off_the_command_line(tiny_pair):
     env = {k: v for k, v in os.environ.items() if k != WORKER_SECRET_ENV}
     serve = subprocess.Popen([sys.executable, "-m", "specsplit", "serve", "--target", str(tiny_pair["target"]), "--draft",
@@ -283,7 +270,7 @@ def test_serve_generates_a_secret_and_keeps_it_off_the_command_line(tiny_pair):
             if len(workers) == 2:
                 break
         assert len(workers) == 2, "serve names its workers' addresses"
-        children = _children(serve.pid)
+        children = child_pids(serve.pid)
         assert len(children) == 3
         secrets = set()
         for pid in children:
@@ -385,6 +372,11 @@ def test_prefills_over_the_round_channel_are_served_and_bound_to_its_coordinator
                 (WORKER_SECRET_HEADER, SECRET), (COORDINATOR_ID_HEADER, coordinator))).released
 
         assert release("mallory") == 0 and release("channel-test") == 1
+    with grpc.insecure_channel(guarded["draft"]) as channel:  # the draft's sequence too: nothing left to the lease
+        released = worker_pb2_grpc.DraftWorkerStub(channel).Release(worker_pb2.ReleaseRequest(
+            handles=["over-the-channel"]), timeout=30, metadata=((WORKER_SECRET_HEADER, SECRET),
+                                                                  (COORDINATOR_ID_HEADER, "channel-test")))
+        assert released.released == 1
 
 
 @pytest.mark.parametrize("kind, hello, refusal", [
