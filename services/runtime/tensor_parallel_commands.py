@@ -171,7 +171,7 @@ def _accept_followers(world_size: int, store) -> dict[int, socket.socket]:
         while len(peers) < world_size - 1:
             listener.settimeout(max(deadline - time.monotonic(), 0.001))
             connection, _ = listener.accept()
-            rank = _joining_rank(connection, token, world_size, peers)
+            rank = _joining_rank(connection, token, world_size, peers, deadline)
             if rank is None:  # not a follower of this replica (or a second one claiming a rank): not let in
                 connection.close()
                 continue
@@ -185,10 +185,12 @@ def _accept_followers(world_size: int, store) -> dict[int, socket.socket]:
     return dict(sorted(peers.items()))
 
 
-def _joining_rank(connection: socket.socket, token: bytes, world_size: int, peers: dict) -> int | None:
+def _joining_rank(connection: socket.socket, token: bytes, world_size: int, peers: dict,
+                  deadline: float) -> int | None:
     """The rank a new connection joins as, or None (it said nothing in time, not the token, or a rank that is out
-    of range or taken)."""
-    connection.settimeout(JOIN_READ_TIMEOUT_SECONDS)
+    of range or taken). A silent connection waits no longer than the followers' deadline: connections that say
+    nothing cannot keep the followers out past it, one read bound after another."""
+    connection.settimeout(max(min(JOIN_READ_TIMEOUT_SECONDS, deadline - time.monotonic()), 0.001))
     try:
         rank, sent = _JOIN.unpack(_read_exactly(connection, _JOIN.size))
     except (OSError, CommandChannelClosed) as error:  # socket.timeout is an OSError
