@@ -7,7 +7,7 @@ three or four threads on each side (the transport's I/O threads, grpc.aio's comp
 loop), each a wake-up that costs tens to hundreds of microseconds on a virtualised host. Here a frame is read by
 the event loop straight off the socket: one wake-up per message, and none at all while the waiting side spins
 (`spin_wait`, below). A request's first token waits on its prefill, so prefills take the channel too (over gRPC
-they cost a first token 1.1-1.3 ms more on the 2-core CPU, bench_split_breakdown.py's timeline). The messages are
+a first token came 1.0 ms later on the 2-core CPU: BENCHMARKS.md, bench_split_breakdown.py). The messages are
 the gRPC ones (worker.proto), so both transports share their code and checks; everything else (release, describe,
 health) stays on gRPC, which also says where the channel listens (WorkerInfo.round_port).
 
