@@ -5,7 +5,9 @@ the memory-bandwidth floor measured in the same run. Random-weight Qwen2.5 shape
 Per call it records: wall time (what the coordinator waits for, in process), the graph replay alone (CUDA events
 around back-to-back replays), host time = wall - replay, and for decodes the floor = bytes that must be read
 (weights + the KV of the context) / device copy bandwidth. With --profile it also writes the kernel-time breakdown
-of one eager decode step and one eager draft call (torch.profiler), to see where time goes inside a step.
+of one eager decode step and one eager draft call (torch.profiler), to see where time goes inside a step; with
+--profile-modes it profiles the target's eager decode and k = 4 verification at --profile-batches in the default
+kernels and in the batch-invariant mode (kernels/dispatch.py), to see where the mode's cost goes.
 
     python3 bench/bench_gpu_steps.py [--targets 7b] [--batches 1,8,32,64] [--contexts 64,4096,16384] [--profile]
 """
@@ -243,6 +245,40 @@ def profile(loaded, name: str, program_call) -> list[dict]:
                                                             "count": sum(r["count"] for r in rows)}]
 
 
+def profile_modes(size, loaded, batches: list[int], sampling) -> list[dict]:
+    """Eager kernel profiles of the target's decode and k = 4 verification, default kernels then the batch-invariant
+    mode's, at each batch (64-token contexts)."""
+    import os
+
+    from specsplit.kernels.dispatch import set_batch_invariant
+
+    profiles = []
+    os.environ["SPECSPLIT_CUDA_GRAPHS"] = "0"
+    try:
+        for mode in (False, True):
+            set_batch_invariant(mode)
+            label = "batch-invariant" if mode else "default"
+            for batch in batches:
+                runner = ModelRunner(loaded, num_blocks=batch * 9 + 8, prefix_caching=False)
+                verifier = TargetVerifier(runner)
+                handles = [f"p{i}" for i in range(batch)]
+                verifier.prefill([TargetPrefill(h, prompt(64, i), sampling) for i, h in enumerate(handles)])
+                drafts = prompt(K, 99)
+                q = torch.tensor([drafts]).T.reshape(K, 1), torch.ones(K, 1)
+                for call_name, items in (("decode", [VerifyItem(h, 64, [7]) for h in handles]),
+                                         (f"verify k={K}", [VerifyItem(h, 64, [7], drafts, *q) for h in handles])):
+                    call = lambda: verifier.verify(items)  # noqa: E731
+                    call()
+                    call()
+                    profiles += profile(loaded, f"{size} {call_name} batch {batch} {label} (eager)", call)
+                del verifier, runner
+                torch.cuda.empty_cache()
+    finally:
+        set_batch_invariant(False)
+        del os.environ["SPECSPLIT_CUDA_GRAPHS"]
+    return profiles
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--targets", default="7b")
@@ -253,6 +289,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--profile-host", action="store_true", help="cProfile the host side of some calls")
+    parser.add_argument("--profile-modes", action="store_true",
+                        help="profile the target's decode and verification in the default and batch-invariant modes")
+    parser.add_argument("--profile-batches", default="1,32")
+    parser.add_argument("--skip-timing", action="store_true", help="profiles only")
     parser.add_argument("--name", default="")
     args = parser.parse_args()
     global PROFILE_HOST
@@ -267,8 +307,10 @@ def main() -> None:
     profiles = []
 
     draft = loaded_from_hf(hf_random_model("0.5b", seed=1), "random-qwen2.5-0.5b")
-    bench_proposer("0.5b", draft, [int(b) for b in args.draft_batches.split(",") if b], bandwidth, greedy, args.repeats)
-    bench_proposer("0.5b", draft, [1], bandwidth, sampled, args.repeats)
+    if not args.skip_timing:
+        bench_proposer("0.5b", draft, [int(b) for b in args.draft_batches.split(",") if b], bandwidth, greedy,
+                       args.repeats)
+        bench_proposer("0.5b", draft, [1], bandwidth, sampled, args.repeats)
     if args.profile:
         import os
         os.environ["SPECSPLIT_CUDA_GRAPHS"] = "0"
@@ -287,11 +329,14 @@ def main() -> None:
         del hf
         torch.cuda.empty_cache()
         extra.setdefault("weight_bytes", {})[size] = weight_bytes(target.model)
-        bench_verifier(size, target, batches, contexts, bandwidth, greedy, args.repeats)
-        long_contexts = [int(c) for c in args.long_contexts.split(",") if c]
-        if long_contexts:
-            bench_verifier(size, target, [1], long_contexts, bandwidth, greedy, args.repeats, steps=(0,))
-        bench_verifier(size, target, [1, 8], contexts[:1], bandwidth, sampled, args.repeats)
+        if not args.skip_timing:
+            bench_verifier(size, target, batches, contexts, bandwidth, greedy, args.repeats)
+            long_contexts = [int(c) for c in args.long_contexts.split(",") if c]
+            if long_contexts:
+                bench_verifier(size, target, [1], long_contexts, bandwidth, greedy, args.repeats, steps=(0,))
+            bench_verifier(size, target, [1, 8], contexts[:1], bandwidth, sampled, args.repeats)
+        if args.profile_modes:
+            profiles += profile_modes(size, target, [int(b) for b in args.profile_batches.split(",") if b], greedy)
         if args.profile:
             import os
             os.environ["SPECSPLIT_CUDA_GRAPHS"] = "0"
