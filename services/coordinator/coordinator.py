@@ -76,6 +76,7 @@ class Coordinator:
         self.policy = SpeculationPolicy(self.config.max_speculative_tokens, fixed=self.config.speculation == "fixed")
         self.overlap = OverlapPolicy(self.config.overlap)
         self._releases: dict = {}  # worker client -> handles to release after this iteration
+        self._releasing: set[asyncio.Task] = set()  # releases in flight, sent behind the next round
         self.health = ReplicaHealth(self.config.call_deadlines, self.config.probe_interval_seconds)
         self._round_alone = True
         self._waited = False  # whether this iteration of the loop has waited on another process (others ran meanwhile)
@@ -170,6 +171,7 @@ class Coordinator:
         for sequence in list(self.running) + list(self.waiting):  # any submitted while the round ended
             self.abort(sequence)
         await self._release_finished()
+        await self._releases_sent()
         # Replicas marked down may only have been slow (a loaded host): before this coordinator goes, it tells each
         # of them, briefly, which of its sequences to free, rather than leave their KV to the workers' lease.
         calls = [self._release_now(client, handles) for client, handles in self.health.moved_away_handles().items()]
@@ -224,6 +226,8 @@ class Coordinator:
 
     async def _run(self) -> None:
         while True:
+            if not self.waiting and not self.running and self._releasing:
+                await self._releases_sent()  # idle means every finished sequence is released on its workers
             if not self.waiting and not self.running:
                 self._idle.set()
                 self._wake.clear()
@@ -246,8 +250,8 @@ class Coordinator:
                 log.exception("round failed")
                 for sequence in live:
                     self._fail(sequence, Unavailable("internal error in the coordinator round"))
-            await self._release_finished()
-            if not decoding:
+            await self._release_finished_behind()
+            if not decoding and not any(s.prefilled for s in needs_target):
                 await asyncio.sleep(0.005)  # waiting for KV room or for a replica to come back: do not spin
             elif not self._waited:
                 # A round whose calls all ran in this process (the co-located target, no draft call) never let the
@@ -311,7 +315,10 @@ class Coordinator:
         ]
         prefilled, rounds = [], []
         round_timeline.mark("prefill.start")
-        answered = await asyncio.gather(*calls)
+        # A lone call is awaited in this task, so its message is on the wire before the round beside it (the next
+        # task of the loop's phases) sends its own: a worker takes new requests' prefills before the round, as the
+        # one process does, rather than make them wait a step.
+        answered = await _all(calls)
         round_timeline.mark("prefill.answered")
         for group_results in answered:
             for sequence, verdict in group_results:
@@ -342,7 +349,7 @@ class Coordinator:
             if sequence.draft is not None:
                 ready.append(sequence)
         calls = [
-            self._call(client, "prefill", [DraftPrefill(s.handle, list(s.committed), s.sampling) for s in group], group)
+            self._call(client, "prefill", [DraftPrefill(s.handle, _draft_prefix(s), s.sampling) for s in group], group)
             for client, group in _group(ready, lambda s: s.draft)
         ]
         for group_results in await asyncio.gather(*calls):
@@ -703,14 +710,38 @@ class Coordinator:
         self._releases.setdefault(client, []).append(handle)
 
     async def _release_finished(self) -> None:
+        releases = self._finished_releases()
+        if releases:
+            await asyncio.gather(*(self._release(client, handles) for client, handles in releases.items()))
+
+    async def _release_finished_behind(self) -> None:
+        """Another process's releases go out as a task, so the next round does not wait for their answers (nor
+        for the finished requests' last stream writes, which run on the loop meanwhile): the worker has answered
+        every call of these sequences already, and a release touches no other sequence's KV. An in-process
+        worker's run now (no wait to save), before the caller that saw the result can end the event loop."""
+        releases = self._finished_releases()
+        remote = [self._release(c, h) for c, h in releases.items() if not getattr(c, "in_process", False)]
+        local = [self._release(c, h) for c, h in releases.items() if getattr(c, "in_process", False)]
+        if remote:
+            task = asyncio.get_running_loop().create_task(_gather(remote))
+            self._releasing.add(task)
+            task.add_done_callback(self._releasing.discard)
+        if local:
+            await asyncio.gather(*local)
+
+    async def _releases_sent(self) -> None:
+        while self._releasing:
+            sent = list(self._releasing)
+            self._releasing.difference_update(sent)  # their done callbacks may not have run yet
+            await asyncio.gather(*sent)
+
+    def _finished_releases(self) -> dict:
         done = [s for s in self.running if s.finished]
         for sequence in done:
             self.running.remove(sequence)
             self._unpin(sequence)
         releases, self._releases = self._releases, {}
-        calls = [self._release(client, handles) for client, handles in releases.items()]
-        if calls:
-            await asyncio.gather(*calls)
+        return releases
 
     async def _release(self, client, handles: list[str]) -> None:
         pool = next((p for p in [self.targets, *self.drafts] if client in p.replicas), None)
@@ -734,6 +765,18 @@ class Coordinator:
         except Exception as error:
             results = [error] * len(items)
         return list(zip(sequences, results))
+
+
+def _draft_prefix(sequence: SequenceState) -> list[int]:
+    """What a draft's prefill caches: the prompt, or every committed token but the last once the target has
+    committed one (beside this prefill or earlier), since a propose call's delta must hold the last token."""
+    if len(sequence.committed) > sequence.prompt_len:
+        return sequence.committed[:-1]
+    return list(sequence.committed)
+
+
+async def _gather(coroutines: list) -> None:
+    await asyncio.gather(*coroutines)
 
 
 async def _all(coroutines: list) -> list:

@@ -1,0 +1,134 @@
+"""What the coordinator's loop sends when, with workers in other processes: a new request's prefill reaches its
+target before the round beside it, a finished request's release never holds up the next round, and a loop that
+just prefilled goes straight on to decode. The workers are the tiny models' in-process workers behind a wrapper
+that says it is not in process and answers in a later turn of the event loop, as a network client does (real
+processes over gRPC are the e2e tests'; the order of messages is this file's)."""
+
+import asyncio
+
+import pytest
+
+from specsplit.services.coordinator import coordinator as coordinator_module
+from specsplit.services.local_engine import LocalEngine
+from specsplit.services.sampling_params import SamplingParams
+
+
+class OverTheNetwork:
+    """A worker client that is not in process: each call is logged when sent and when answered, and answers a
+    loop turn later; releases can be held back by a gate."""
+
+    in_process = False
+
+    def __init__(self, client, log: list, role: str):
+        self.client, self.log, self.role = client, log, role
+        self.release_gate: asyncio.Event | None = None
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+    async def _call(self, method: str, items, handles: list[str]):
+        self.log.append(("sent", self.role, method, handles))
+        await asyncio.sleep(0)
+        result = await getattr(self.client, method)(items)
+        self.log.append(("answered", self.role, method, handles))
+        return result
+
+    async def prefill(self, items):
+        return await self._call("prefill", items, [i.handle for i in items])
+
+    async def verify(self, items):
+        return await self._call("verify", items, [i.handle for i in items])
+
+    async def propose(self, items):
+        return await self._call("propose", items, [i.handle for i in items])
+
+    async def release(self, handles):
+        self.log.append(("sent", self.role, "release", list(handles)))
+        if self.release_gate is not None:
+            await self.release_gate.wait()
+        return await self.client.release(handles)
+
+
+@pytest.fixture
+def engine(tiny_pair):
+    engine = LocalEngine(tiny_pair["target"], tiny_pair["close"], num_speculative_tokens=2, dtype="float64")
+    engine.log = []
+    pools = {"target": engine.coordinator.targets, "draft": engine.coordinator.drafts[0]}
+    for role, pool in pools.items():
+        pool.replicas[0] = OverTheNetwork(pool.replicas[0], engine.log, role)
+    engine.target_client = pools["target"].replicas[0]
+    return engine
+
+
+def _request(engine, prompt: str, max_tokens: int, k: int | None = None):
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, num_speculative_tokens=k)
+    return engine.request(prompt, params)
+
+
+def test_a_new_requests_prefill_reaches_the_target_before_the_round_beside_it(engine):
+    async def main():
+        first = engine.request("def f(x):", SamplingParams(max_tokens=30, ignore_eos=True, num_speculative_tokens=0))
+        tokens = 0
+        second = None
+        async for event in engine.coordinator.stream(first):
+            tokens += len(getattr(event, "token_ids", []) or [])
+            if second is None and tokens >= 3:  # the first decodes: the second arrives mid-stream
+                second = engine.request("hello", SamplingParams(max_tokens=5, ignore_eos=True, num_speculative_tokens=0))
+                second_task = asyncio.ensure_future(engine.coordinator.generate(second))
+        await second_task
+        await engine.coordinator.wait_idle()
+        return second.request_id
+
+    asyncio.run(main())
+    sent = [(method, handles) for kind, role, method, handles in engine.log if kind == "sent" and role == "target"]
+    prefills = [i for i, (method, handles) in enumerate(sent) if method == "prefill"]
+    assert len(prefills) == 2  # one per request
+    second_prefill = prefills[1]
+    # The round of the first request went out beside it, after it (one process runs them in that order too).
+    assert sent[second_prefill + 1][0] == "verify"
+    target_log = [entry for entry in engine.log if entry[1] == "target"]
+    at = target_log.index(("sent", "target", "prefill", sent[second_prefill][1]))
+    assert target_log[at + 1][:3] == ("sent", "target", "verify")  # both on the wire before either answered
+    assert engine.kv_blocks_used() == {"target": 0, "draft": 0}
+
+
+def test_a_finished_requests_release_does_not_hold_up_the_next_round(engine):
+    async def main():
+        gate = asyncio.Event()
+        engine.target_client.release_gate = gate  # the target answers no release until the gate opens
+        short = asyncio.ensure_future(engine.coordinator.generate(_request(engine, "hello", 2)))
+        long = asyncio.ensure_future(engine.coordinator.generate(_request(engine, "def f(x):", 40)))
+        done = await asyncio.wait_for(asyncio.gather(short, long), timeout=60)  # the old loop waited on the gate
+        assert not gate.is_set() and any(e[2] == "release" for e in engine.log)
+        idle = asyncio.ensure_future(engine.coordinator.wait_idle())
+        await asyncio.sleep(0.2)
+        assert not idle.done()  # idle means released: not while a release is unanswered
+        gate.set()
+        await asyncio.wait_for(idle, timeout=30)
+        return done
+
+    short, long = asyncio.run(main())
+    assert len(short.token_ids) == 2 and len(long.token_ids) == 40
+    assert engine.kv_blocks_used() == {"target": 0, "draft": 0}
+
+
+def test_a_loop_that_prefilled_decodes_without_pausing(engine, monkeypatch):
+    pauses = []
+    sleep = asyncio.sleep
+
+    async def recorded_sleep(delay, *args, **kwargs):
+        pauses.append(delay)
+        return await sleep(delay, *args, **kwargs)
+
+    monkeypatch.setattr(coordinator_module.asyncio, "sleep", recorded_sleep)
+
+    async def main():
+        result = await engine.coordinator.generate(_request(engine, "def f(x):", 12))
+        await engine.coordinator.wait_idle()
+        return result
+
+    assert len(asyncio.run(main()).token_ids) == 12
+    # The loop's pause (5 ms) is for a loop that could do nothing (no KV room, no replica), not for one that just
+    # prefilled its only request.
+    assert not [delay for delay in pauses if delay > 0]
+    assert engine.kv_blocks_used() == {"target": 0, "draft": 0}
