@@ -241,6 +241,49 @@ def services_rows(args, modes: list[str], target_dir, draft_dir, batches, ks, al
 
 
 def _run_client(client, args, batch: int, k: int, warm_up: bool = False) -> dict:
+    if args.client == "async":
+        return asyncio.run(_run_async_client(client, args, batch, k, warm_up))
+    return _run_threaded_client(client, args, batch, k, warm_up)
+
+
+async def _run_async_client(client, args, batch: int, k: int, warm_up: bool = False) -> dict:
+    """The batch's streams started from one asyncio loop, as `specsplit bench`'s load generator sends them (the
+    coordinator sees them arrive within a few hundred microseconds); `client`: the Client whose address is used."""
+    import grpc
+
+    from specsplit.proto.v1 import generation_pb2_grpc
+    from specsplit.services.coordinator import public_messages as pm
+    from specsplit.services.sampling_params import SamplingParams
+
+    async with grpc.aio.insecure_channel(client.address) as channel:
+        stub = generation_pb2_grpc.GenerationStub(channel)
+        await channel.channel_ready()
+
+        async def one(i, prompt):
+            params = SamplingParams(max_tokens=args.max_tokens if not warm_up else 8, ignore_eos=True,
+                                    num_speculative_tokens=k, temperature=0.0, seed=i)
+            start = time.perf_counter()
+            first, tokens, rounds, pre, coordinator_first = None, 0, 0, 0, None
+            async for chunk in stub.GenerateStream(pm.request_pb(prompt, params), timeout=1200):
+                tokens += len(chunk.token_ids)
+                if first is None and chunk.token_ids:
+                    first = time.perf_counter() - start
+                if chunk.finish_reason:
+                    rounds, pre = chunk.speculation.rounds, chunk.speculation.pre_proposed_rounds
+                    coordinator_first = chunk.timings.time_to_first_token_s
+            return (tokens, rounds, first, time.perf_counter() - start, coordinator_first), pre
+
+        requests = [one(i, prompt) for i, prompt in enumerate(prompts(batch, args.device))]
+        started_ns = time.monotonic_ns()
+        start = time.perf_counter()
+        results = await asyncio.gather(*requests)
+        elapsed = time.perf_counter() - start
+        ended_ns = time.monotonic_ns()
+    return {**_summary(elapsed, [r for r, _ in results], [p for _, p in results]), "window": (started_ns, ended_ns),
+            "started_ns": started_ns, "ended_ns": ended_ns}
+
+
+def _run_threaded_client(client, args, batch: int, k: int, warm_up: bool = False) -> dict:
     def one(i_prompt):
         i, prompt = i_prompt
         start = time.perf_counter()
@@ -334,6 +377,13 @@ def breakdown(timeline: dict, window: tuple[int, int]) -> dict:
     return row
 
 
+def arrival_spread_ms(timeline: list, window: tuple[int, int]) -> float | None:
+    """Milliseconds from the first request's arrival at the coordinator to the last's, inside `window` (ns): the
+    one process gets its batch at once, the services as the client's streams reach them."""
+    received = [ns for stage, ns in timeline if stage == "request.received" and window[0] <= ns <= window[1]]
+    return round((max(received) - min(received)) / 1e6, 3) if received else None
+
+
 def first_token_breakdown(timeline: list, window: tuple[int, int]) -> dict:
     """Median microseconds of each first-token stage over the requests inside `window` (ns), and the requests
     counted: from each `request.received`, the first mark of each stage's name after the previous one."""
@@ -374,6 +424,9 @@ def main() -> None:
     parser.add_argument("--modes", default="in_process,split,colocated",
                         help=f"in_process and any of {', '.join(SERVICE_MODES)} (one co-located mode at most)")
     parser.add_argument("--kv-blocks", type=int, default=None)
+    parser.add_argument("--client", default="async", choices=["async", "threads"],
+                        help="the services' client: the batch's streams from one asyncio loop, or a thread each "
+                        "(a blocking client per thread: their starts spread over ~0.3 ms a request on a GPU host)")
     parser.add_argument("--label", default="", help="names this code's rows (e.g. before / after)")
     parser.add_argument("--name", default="split_breakdown_cpu")
     args = parser.parse_args()
@@ -425,12 +478,13 @@ def main() -> None:
             if serial is not None and serial is not run:
                 row["vs_serial"] = run["tokens_per_s"] / serial["tokens_per_s"]
             row["breakdown_ms"] = breakdown(timeline, windows[(mode, alpha, batch, k)])
+            row["arrival_spread_ms"] = arrival_spread_ms(timeline, windows[(mode, alpha, batch, k)])
             if batch == 1 and mode.startswith("split"):
                 row["first_token_us"] = first_token_breakdown(timeline, spans[(mode, alpha, batch, k)])  # all repeats
             rows.append(row)
     print_table(rows, ["label", "mode", "alpha", "batch", "k", "tokens_per_s", "ms_per_round", "tokens_per_round",
                        "extra_ms_per_round", "decode_extra_ms_per_round", "vs_in_process", "vs_serial",
-                       "pre_proposed_rounds", "ttft_ms", "coordinator_ttft_ms", "tpot_ms"])
+                       "pre_proposed_rounds", "ttft_ms", "coordinator_ttft_ms", "tpot_ms", "arrival_spread_ms"])
     for row in rows:
         if "breakdown_ms" in row:
             print(row["label"], row["mode"], row["alpha"], row["batch"], row["k"], json.dumps(row["breakdown_ms"]))
@@ -442,7 +496,7 @@ def main() -> None:
                    if args.device == "cpu" else f"random-weight Qwen2.5 {args.target} target on {args.devices[0]}, "
                    f"{args.draft} draft on {args.devices[1]} (one process: both on {args.devices[0]}), bf16"),
         "acceptance": "synthetic (NOT lossless) where alpha is set" if args.alphas else "real (greedy)",
-        "max_tokens": args.max_tokens, "repeats": args.repeats,
+        "max_tokens": args.max_tokens, "repeats": args.repeats, "client": args.client,
         "load_average": open("/proc/loadavg").read().split()[:3],
     })
     print(f"wrote {path}")

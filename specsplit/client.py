@@ -23,6 +23,7 @@ class Client:
                  tls_cert: str | None = None, tls_key: str | None = None, server_name: str | None = None):
         from specsplit.services.rpc.security import ChannelSecurity
 
+        self.address = address
         security = ChannelSecurity(tls_ca, tls_cert, tls_key, server_name)
         if security.enabled:
             self.channel = grpc.secure_channel(address, security.credentials(), options=security.options())
