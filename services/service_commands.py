@@ -135,6 +135,10 @@ def add_coordinating_args(c) -> None:
     add_speculation_arg(c)
     c.add_argument("--max-num-seqs", type=int, default=256)
     c.add_argument("--max-waiting", type=int, default=1024)
+    c.add_argument("--arrival-window-ms", type=float, default=0.0,
+                   help="an idle coordinator's first prefill waits up to this long for more requests while they keep "
+                   "arriving (each within a quarter of it of the last), so a burst is prefilled in one step; costs a "
+                   "lone request up to a quarter of it in time to first token. 0 (default) = prefill at once")
     c.add_argument("--disable-speculation-batch-size", type=int, default=0)
     c.add_argument("--replica-recovery-seconds", type=float, default=30.0,
                    help="how long a request waits for a target replica to come back before UNAVAILABLE")
@@ -293,12 +297,15 @@ def _coordinator_options(args) -> dict:
     """start_coordinator's options from a coordinator's flags (coordinator/process.py)."""
     from specsplit.services.coordinator.coordinator import CoordinatorConfig
 
+    if args.arrival_window_ms < 0:
+        raise SystemExit(f"specsplit: error: --arrival-window-ms must be >= 0, got {args.arrival_window_ms}")
     config = CoordinatorConfig(
         num_speculative_tokens=args.num_speculative_tokens,
         speculation=args.speculation,
         overlap=args.overlap,
         max_num_seqs=args.max_num_seqs,
         max_waiting=args.max_waiting,
+        arrival_window_seconds=args.arrival_window_ms / 1e3,
         disable_speculation_batch_size=args.disable_speculation_batch_size,
         replica_recovery_seconds=args.replica_recovery_seconds,
         logprobs_while_speculating=args.logprobs_while_speculating,

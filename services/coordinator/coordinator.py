@@ -47,6 +47,9 @@ class CoordinatorConfig:
     max_speculative_tokens: int = 16
     max_num_seqs: int = 256                 # sequences decoding at once
     max_waiting: int = 1024                 # admitted but not yet running; beyond it, RESOURCE_EXHAUSTED
+    arrival_window_seconds: float = 0.0     # an idle coordinator's first prefill waits up to this long for the
+                                            # requests arriving with the first (a burst prefilled in one step);
+                                            # 0 = at once
     disable_speculation_batch_size: int = 0  # 0 = never; else speculation is off while this many decode
     replica_recovery_seconds: float = 30.0   # how long a sequence waits for a target replica before UNAVAILABLE
     probe_interval_seconds: float = 2.0      # how often replicas marked down are asked whether they are back
@@ -71,6 +74,8 @@ class Coordinator:
         self._bound_loop = None
         self.observers = []  # callables(event, records) for metrics and canary statistics, called once per batch
         self.telemetry = CoordinatorTelemetry(self)  # request spans and worker-call timings
+        if self.config.arrival_window_seconds < 0:
+            raise ValueError(f"the arrival window must be >= 0 seconds, not {self.config.arrival_window_seconds}")
         if self.config.speculation not in SPECULATION_MODES:
             raise ValueError(f"speculation must be one of {', '.join(SPECULATION_MODES)}, not {self.config.speculation!r}")
         self.policy = SpeculationPolicy(self.config.max_speculative_tokens, fixed=self.config.speculation == "fixed")
@@ -233,6 +238,8 @@ class Coordinator:
                 self._wake.clear()
                 await self.health.idle_until(self._wake, [self.targets, *self.drafts])
                 self._idle.clear()
+            if not self.running and self.waiting and self.config.arrival_window_seconds > 0:
+                await self._gather_arrivals()
             self._admit()
             self.health.probe_down([self.targets, *self.drafts])
             live = [s for s in self.running if not s.finished]
@@ -258,6 +265,21 @@ class Coordinator:
                 # loop turn: the client streams, probes and APIs get their turn here.
                 await asyncio.sleep(0)
             self._waited = False
+
+    async def _gather_arrivals(self) -> None:
+        """Before an idle coordinator's first prefill: wait while requests keep arriving (each within a quarter of
+        the window of the last), up to the window in all, so that a burst whose requests reach this process a few
+        hundred microseconds apart is prefilled in one step rather than one request first and the rest a
+        prefill later (a prefill's time hardly depends on how many short prompts it holds)."""
+        loop = asyncio.get_running_loop()
+        window = self.config.arrival_window_seconds
+        deadline = loop.time() + window
+        seen = len(self.waiting)
+        while seen < self.config.max_num_seqs and (left := deadline - loop.time()) > 0:
+            await asyncio.sleep(min(window / 4, left))
+            if len(self.waiting) == seen:
+                return  # none came within the gap: the burst is over
+            seen = len(self.waiting)
 
     def _admit(self) -> None:
         room = self.config.max_num_seqs - len(self.running)

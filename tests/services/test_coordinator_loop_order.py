@@ -132,3 +132,46 @@ def test_a_loop_that_prefilled_decodes_without_pausing(engine, monkeypatch):
     # prefilled its only request.
     assert not [delay for delay in pauses if delay > 0]
     assert engine.kv_blocks_used() == {"target": 0, "draft": 0}
+
+
+@pytest.mark.parametrize("window", [0.0, 0.4])
+def test_a_burst_within_the_arrival_window_is_prefilled_in_one_step(engine, window):
+    engine.coordinator.config.arrival_window_seconds = window
+
+    async def main():
+        requests = []
+        for i, prompt in enumerate(["hello", "def f(x):", "1 2 3"]):
+            if i:
+                await asyncio.sleep(0.01)  # a burst: each request 10 ms after the last (the window's gap: 100 ms)
+            requests.append(asyncio.ensure_future(engine.coordinator.generate(_request(engine, prompt, 4, k=0))))
+        results = await asyncio.gather(*requests)
+        await engine.coordinator.wait_idle()
+        return results
+
+    assert all(len(r.token_ids) == 4 for r in asyncio.run(main()))
+    prefills = [handles for kind, role, method, handles in engine.log
+                if kind == "sent" and role == "target" and method == "prefill"]
+    # At once (no window), the first request is prefilled alone; with the window, the burst in one step.
+    assert len(prefills[0]) == (3 if window else 1)
+    assert sum(len(p) for p in prefills) == 3
+    assert engine.kv_blocks_used() == {"target": 0, "draft": 0}
+
+
+def test_a_negative_arrival_window_is_refused(tiny_pair):
+    from specsplit.services.coordinator.coordinator import CoordinatorConfig
+
+    with pytest.raises(ValueError, match="arrival window"):
+        LocalEngine(tiny_pair["target"], tiny_pair["close"], dtype="float64",
+                    coordinator_config=CoordinatorConfig(arrival_window_seconds=-1.0))
+
+
+def test_the_arrival_window_is_a_coordinators_flag_in_milliseconds():
+    from specsplit.cli import build_parser
+    from specsplit.services.service_commands import _coordinator_options
+
+    for argv in (["coordinator", "--target", "t:1"], ["target", "--model", "m", "--coordinate", "--draft", "d:1"]):
+        assert _coordinator_options(build_parser().parse_args(argv))["config"].arrival_window_seconds == 0.0
+        chosen = build_parser().parse_args([*argv, "--arrival-window-ms", "1.5"])
+        assert _coordinator_options(chosen)["config"].arrival_window_seconds == pytest.approx(0.0015)
+    with pytest.raises(SystemExit, match="arrival-window-ms"):
+        _coordinator_options(build_parser().parse_args(["coordinator", "--target", "t:1", "--arrival-window-ms", "-1"]))
