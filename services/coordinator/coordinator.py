@@ -739,8 +739,8 @@ class Coordinator:
     async def _release_finished_behind(self) -> None:
         """Another process's releases go out as a task, so the next round does not wait for their answers (nor
         for the finished requests' last stream writes, which run on the loop meanwhile): the worker has answered
-        every call of these sequences already, and a release touches no other sequence's KV. An in-process
-        worker's run now (no wait to save), before the caller that saw the result can end the event loop."""
+        every call of these sequences already, and a release touches no other sequence's KV. Releases on an
+        in-process worker run now (no wait to save), before a caller that saw its result can end the event loop."""
         releases = self._finished_releases()
         remote = [self._release(c, h) for c, h in releases.items() if not getattr(c, "in_process", False)]
         local = [self._release(c, h) for c, h in releases.items() if getattr(c, "in_process", False)]
