@@ -263,16 +263,10 @@ async def _run_async_client(client, args, batch: int, k: int, warm_up: bool = Fa
         async def one(i, prompt):
             params = SamplingParams(max_tokens=args.max_tokens if not warm_up else 8, ignore_eos=True,
                                     num_speculative_tokens=k, temperature=0.0, seed=i)
-            start = time.perf_counter()
-            first, tokens, rounds, pre, coordinator_first = None, 0, 0, 0, None
+            tally = _StreamTally()
             async for chunk in stub.GenerateStream(pm.request_pb(prompt, params), timeout=1200):
-                tokens += len(chunk.token_ids)
-                if first is None and chunk.token_ids:
-                    first = time.perf_counter() - start
-                if chunk.finish_reason:
-                    rounds, pre = chunk.speculation.rounds, chunk.speculation.pre_proposed_rounds
-                    coordinator_first = chunk.timings.time_to_first_token_s
-            return (tokens, rounds, first, time.perf_counter() - start, coordinator_first), pre
+                tally.add(chunk)
+            return tally.result()
 
         requests = [one(i, prompt) for i, prompt in enumerate(prompts(batch, args.device))]
         started_ns = time.monotonic_ns()
@@ -287,17 +281,11 @@ async def _run_async_client(client, args, batch: int, k: int, warm_up: bool = Fa
 def _run_threaded_client(client, args, batch: int, k: int, warm_up: bool = False) -> dict:
     def one(i_prompt):
         i, prompt = i_prompt
-        start = time.perf_counter()
-        first, tokens, rounds, pre, coordinator_first = None, 0, 0, 0, None
+        tally = _StreamTally()
         for chunk in client.generate_stream(prompt, max_tokens=args.max_tokens if not warm_up else 8,
                                             ignore_eos=True, num_speculative_tokens=k, temperature=0.0, seed=i):
-            tokens += len(chunk.token_ids)
-            if first is None and chunk.token_ids:
-                first = time.perf_counter() - start
-            if chunk.finish_reason:
-                rounds, pre = chunk.speculation.rounds, chunk.speculation.pre_proposed_rounds
-                coordinator_first = chunk.timings.time_to_first_token_s
-        return (tokens, rounds, first, time.perf_counter() - start, coordinator_first), pre
+            tally.add(chunk)
+        return tally.result()
 
     with ThreadPoolExecutor(batch) as pool:
         started_ns = time.monotonic_ns()
@@ -307,6 +295,27 @@ def _run_threaded_client(client, args, batch: int, k: int, warm_up: bool = False
         ended_ns = time.monotonic_ns()
     return {**_summary(elapsed, [r for r, _ in results], [p for _, p in results]), "window": (started_ns, ended_ns),
             "started_ns": started_ns, "ended_ns": ended_ns}
+
+
+class _StreamTally:
+    """One request's stream as the client sees it: tokens, its first token's time, and what the last message says
+    (rounds, pre-proposed rounds, the coordinator's time to first token)."""
+
+    def __init__(self):
+        self.start = time.perf_counter()
+        self.first, self.tokens, self.rounds, self.pre, self.coordinator_first = None, 0, 0, 0, None
+
+    def add(self, chunk) -> None:
+        self.tokens += len(chunk.token_ids)
+        if self.first is None and chunk.token_ids:
+            self.first = time.perf_counter() - self.start
+        if chunk.finish_reason:
+            self.rounds, self.pre = chunk.speculation.rounds, chunk.speculation.pre_proposed_rounds
+            self.coordinator_first = chunk.timings.time_to_first_token_s
+
+    def result(self) -> tuple[tuple, int]:
+        """((tokens, rounds, ttft s, total s, the coordinator's ttft s), pre-proposed rounds): _summary's input."""
+        return (self.tokens, self.rounds, self.first, time.perf_counter() - self.start, self.coordinator_first), self.pre
 
 
 def _summary(elapsed: float, results: list[tuple], pre_proposed: list[int]) -> dict:

@@ -364,7 +364,7 @@ class Coordinator:
         ready = []
         for sequence in sequences:
             pool = self._variant_pool(sequence)
-            if pool is None:
+            if pool is None or sequence.finished:  # e.g. its target refused it at prefill, just before this
                 continue
             if sequence.draft is None:
                 sequence.draft = pool.pick()

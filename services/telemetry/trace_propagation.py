@@ -108,14 +108,24 @@ def _unary(behavior, parent):
 
 
 def _stream(behavior, parent):
+    """The caller's context is attached around each step of the handler, never across a yield: a stream whose
+    caller cancels while it waits at a yield is closed later, by the event loop's generator finalizer in another
+    task, where a token attached in the handler's task cannot be detached."""
     from opentelemetry import context as otel_context
 
     async def run(request, context):
-        token = otel_context.attach(parent)
+        responses = behavior(request, context)
         try:
-            async for response in behavior(request, context):
+            while True:
+                token = otel_context.attach(parent)
+                try:
+                    response = await responses.__anext__()
+                except StopAsyncIteration:
+                    return
+                finally:
+                    otel_context.detach(token)
                 yield response
         finally:
-            otel_context.detach(token)
+            await responses.aclose()  # the handler's own cleanup (the coordinator aborts the request)
 
     return run
