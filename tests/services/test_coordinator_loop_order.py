@@ -1,6 +1,6 @@
 """What the coordinator's loop sends when, with workers in other processes: a new request's prefill reaches its
-target before the round beside it, a finished request's release never holds up the next round, and a loop that
-just prefilled goes straight on to decode. The workers are the tiny models' in-process workers behind a wrapper
+target before the round beside it, a finished request's release never holds up the next round, a loop that just
+prefilled goes straight on to decode, and with an arrival window a burst of requests is prefilled in one step. The workers are the tiny models' in-process workers behind a wrapper
 that says it is not in process and answers in a later turn of the event loop, as a network client does (real
 processes over gRPC are the e2e tests'; the order of messages is this file's)."""
 
