@@ -156,9 +156,9 @@ def cell(engine, alpha: float, batch: int, target_only: dict, tokens: int, repea
     # it, each cell's first k at a padded verification width (1, 2, 3 -> 4, 5 -> 8) captured it inside its one timed
     # run: 0.2-0.8x target-only on the H200 (bench/results/gpu_policy_sweep_h200.json).
     # The untimed runs meet only the shapes their own coins lead to; the adaptive policy's k changes as the batch
-    # shrinks, onto (batch bucket, width) pairs no fixed run met, and captures them inside a timed run (the likely
-    # cause of two of three adaptive runs at alpha 0.9, batch 8 at half speed: bench/results/gpu_policy_sweep_h100.json).
-    # Every pair of this alpha is captured here first.
+    # shrinks, onto (batch bucket, width) pairs no fixed run met, which it would capture inside a timed run. Every
+    # pair of this alpha is captured here first. (Not the cause of the adaptive cells that ran two of three repeats
+    # at about half speed: they did so with this too, bench/results/gpu_policy_sweep_h100_warmed.json.)
     engine.verifier.warm_up(max_batch=batch, max_k=MAX_K, sampled=False)
     fixed = {}
     for k in range(1, MAX_K + 1):
