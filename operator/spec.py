@@ -101,6 +101,8 @@ class CoordinatorSpec:
     # In every target pod (`specsplit target --coordinate`) instead of a Deployment of its own: one hop per round;
     # the public API then has the target pool's replicas and the target container's resources.
     colocated: bool = False
+    # An idle coordinator's first prefill waits up to this long for a burst's requests (--arrival-window-ms); 0 = off.
+    arrival_window_ms: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -472,7 +474,7 @@ def parse_spec(raw: Mapping[str, Any] | None, name: str | None = None) -> Deploy
                       "shards sums in an order chosen by the batch's size)")
 
     coordinator_fields = top.child("coordinator")
-    coordinator_fields.only("replicas", "resources", "port", "httpPort", "tls", "auth", "colocated")
+    coordinator_fields.only("replicas", "resources", "port", "httpPort", "tls", "auth", "colocated", "arrivalWindowMs")
     public_tls = coordinator_fields.child("tls")
     public_tls.only("secretName")
     auth = coordinator_fields.child("auth")
@@ -485,6 +487,7 @@ def parse_spec(raw: Mapping[str, Any] | None, name: str | None = None) -> Deploy
         tls_secret_name=public_tls.name("secretName") if coordinator_fields.has("tls") else None,
         auth_token_secret_name=auth.name("tokenSecretName") if coordinator_fields.has("auth") else None,
         colocated=coordinator_fields.boolean("colocated", False),
+        arrival_window_ms=coordinator_fields.number("arrivalWindowMs", 0.0, low=0.0, high=1000.0),
     )
     if coordinator.colocated:
         _check_colocated(coordinator, coordinator_fields.has("resources"), errors)
