@@ -417,6 +417,34 @@ def first_token_breakdown(timeline: list, window: tuple[int, int]) -> dict:
     return row
 
 
+def timeline_events(path: str, key: str) -> dict:
+    """From a saved timeline (`$OUT/NAME_timeline.json.gz`) and one row's window ("mode alpha batch k"): the gaps
+    from a round's commit to the next round's start that exceed 0.3 ms, with the coordinator marks inside each (ms),
+    and each target prefill step's span (ms, from its step's start to end)."""
+    with gzip.open(path, "rt") as f:
+        saved = json.load(f)
+    start, end = saved["windows"][key]
+    inside = [m for m in saved["marks"] if start <= m[1] <= end]
+    coordinator = [m for m in inside if not m[0].startswith(("draft.", "target."))]
+    gaps, committed = [], None
+    for i, (stage, ns) in enumerate(coordinator):
+        if stage == "round.start" and committed is not None and ns - committed[1] > 300_000:
+            between = [m[0] for m in coordinator[committed[0] + 1 : i]]
+            gaps.append({"at_ms": round((ns - start) / 1e6, 2), "gap_ms": round((ns - committed[1]) / 1e6, 2),
+                         "marks": {m: between.count(m) for m in sorted(set(between))}})
+        if stage == "round.committed":
+            committed = (i, ns)
+    target = [m for m in inside if m[0].startswith("target.")]
+    prefills = []
+    for i, (stage, ns) in enumerate(target):
+        if stage == "target.prefill.received":
+            steps = [m for m in target[i + 1:] if m[0] in ("target.step_start", "target.step_end")][:2]
+            if len(steps) == 2:
+                prefills.append({"at_ms": round((steps[0][1] - start) / 1e6, 2),
+                                 "step_ms": round((steps[1][1] - steps[0][1]) / 1e6, 2)})
+    return {"round_gaps": gaps, "target_prefill_steps": prefills}
+
+
 # ---- main -----------------------------------------------------------------------------------------------------
 
 def main() -> None:
@@ -441,7 +469,13 @@ def main() -> None:
                         help="the services' coordinators' --arrival-window-ms (the one process gets its batch at once)")
     parser.add_argument("--label", default="", help="names this code's rows (e.g. before / after)")
     parser.add_argument("--name", default="split_breakdown_cpu")
+    parser.add_argument("--read-timeline", nargs=2, metavar=("FILE", "ROW"),
+                        help='print a saved timeline\'s round gaps and target prefill steps for one row, e.g. '
+                        '"split 0.7 8 0" (mode alpha batch k), and run nothing')
     args = parser.parse_args()
+    if args.read_timeline:
+        print(json.dumps(timeline_events(*args.read_timeline), indent=1))
+        return
     args.dtype = "float32" if args.device == "cpu" else "bfloat16"
     args.devices = (args.devices or ("cpu,cpu" if args.device == "cpu" else "cuda:0,cuda:1")).split(",")
     if args.device == "cpu":
