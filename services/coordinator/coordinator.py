@@ -81,7 +81,7 @@ class Coordinator:
         self.policy = SpeculationPolicy(self.config.max_speculative_tokens, fixed=self.config.speculation == "fixed")
         self.overlap = OverlapPolicy(self.config.overlap)
         self._releases: dict = {}  # worker client -> handles to release after this iteration
-        self._releasing: set[asyncio.Task] = set()  # releases in flight, sent behind the next round
+        self._releasing: set[asyncio.Future] = set()  # releases in flight, sent behind the next round
         self.health = ReplicaHealth(self.config.call_deadlines, self.config.probe_interval_seconds)
         self._round_alone = True
         self._waited = False  # whether this iteration of the loop has waited on another process (others ran meanwhile)
@@ -257,7 +257,7 @@ class Coordinator:
                 log.exception("round failed")
                 for sequence in live:
                     self._fail(sequence, Unavailable("internal error in the coordinator round"))
-            await self._release_finished_behind()
+            await self._release_finished()
             if not decoding and not any(s.prefilled for s in needs_target):
                 await asyncio.sleep(0.005)  # waiting for KV room or for a replica to come back: do not spin
             elif not self._waited:
@@ -732,22 +732,17 @@ class Coordinator:
         self._releases.setdefault(client, []).append(handle)
 
     async def _release_finished(self) -> None:
-        releases = self._finished_releases()
-        if releases:
-            await asyncio.gather(*(self._release(client, handles) for client, handles in releases.items()))
-
-    async def _release_finished_behind(self) -> None:
-        """Another process's releases go out as a task, so the next round does not wait for their answers (nor
-        for the finished requests' last stream writes, which run on the loop meanwhile): the worker has answered
-        every call of these sequences already, and a release touches no other sequence's KV. Releases on an
-        in-process worker run now (no wait to save), before a caller that saw its result can end the event loop."""
-        releases = self._finished_releases()
-        remote = [self._release(c, h) for c, h in releases.items() if not getattr(c, "in_process", False)]
-        local = [self._release(c, h) for c, h in releases.items() if getattr(c, "in_process", False)]
+        """Another process's releases go out behind the next round (a task of `_releasing`), which so waits neither
+        for their answers nor for the finished requests' last stream writes, run on the loop meanwhile: the worker
+        has answered every call of these sequences already, and a release touches no other sequence's KV. Releases on
+        an in-process worker run now (no wait to save), before a caller that saw its result can end the event loop."""
+        local, remote = [], []
+        for client, handles in self._finished_releases().items():
+            (local if getattr(client, "in_process", False) else remote).append(self._release(client, handles))
         if remote:
-            task = asyncio.get_running_loop().create_task(_gather(remote))
-            self._releasing.add(task)
-            task.add_done_callback(self._releasing.discard)
+            sent = asyncio.gather(*remote)
+            self._releasing.add(sent)
+            sent.add_done_callback(self._releasing.discard)
         if local:
             await asyncio.gather(*local)
 
@@ -795,10 +790,6 @@ def _draft_prefix(sequence: SequenceState) -> list[int]:
     if len(sequence.committed) > sequence.prompt_len:
         return sequence.committed[:-1]
     return list(sequence.committed)
-
-
-async def _gather(coroutines: list) -> None:
-    await asyncio.gather(*coroutines)
 
 
 async def _all(coroutines: list) -> list:
