@@ -134,27 +134,39 @@ def test_a_loop_that_prefilled_decodes_without_pausing(engine, monkeypatch):
     assert engine.kv_blocks_used() == {"target": 0, "draft": 0}
 
 
+BURST = ["hello", "def f(x):", "1 2 3"]
+
+
 @pytest.mark.parametrize("window", [0.0, 0.4])
 def test_a_burst_within_the_arrival_window_is_prefilled_in_one_step(engine, window):
     engine.coordinator.config.arrival_window_seconds = window
 
     async def main():
         requests = []
-        for i, prompt in enumerate(["hello", "def f(x):", "1 2 3"]):
+        for i, prompt in enumerate(BURST):
             if i:
                 await asyncio.sleep(0.01)  # a burst: each request 10 ms after the last (the window's gap: 100 ms)
-            requests.append(asyncio.ensure_future(engine.coordinator.generate(_request(engine, prompt, 4, k=0))))
+            requests.append(asyncio.ensure_future(engine.coordinator.generate(_request(engine, prompt, 12))))
         results = await asyncio.gather(*requests)
         await engine.coordinator.wait_idle()
         return results
 
-    assert all(len(r.token_ids) == 4 for r in asyncio.run(main()))
+    burst = asyncio.run(main())
     prefills = [handles for kind, role, method, handles in engine.log
                 if kind == "sent" and role == "target" and method == "prefill"]
     # At once (no window), the first request is prefilled alone; with the window, the burst in one step.
     assert len(prefills[0]) == (3 if window else 1)
     assert sum(len(p) for p in prefills) == 3
     assert engine.kv_blocks_used() == {"target": 0, "draft": 0}
+    # Speculating, greedy: each output is the target alone's, one request at a time without a window.
+    engine.coordinator.config.arrival_window_seconds = 0.0
+
+    async def alone(prompt):
+        return await engine.coordinator.generate(engine.request(
+            prompt, SamplingParams(max_tokens=12, ignore_eos=True, num_speculative_tokens=0)))
+
+    assert [r.token_ids for r in burst] == [asyncio.run(alone(p)).token_ids for p in BURST]
+    assert sum(r.stats.draft_tokens for r in burst) > 0
 
 
 def test_a_negative_arrival_window_is_refused(tiny_pair):
