@@ -7,14 +7,16 @@ What makes a row's result independent of its batch (the number of rows M, the ro
   these by M (a split-K GEMV for one row, tiled GEMMs for many), which is why a verification's k+1 rows and a
   decode's one row differ in the last bits.
 - A row-tile of BLOCK_M rows is computed the same way whichever of its rows are real (rows past M read zeros).
-- With SPLIT_K > 1, program (m, n, s) sums its own K range into a float32 partial, and `_reduce_splits_kernel` adds
-  the partials in split order 0..SPLIT_K-1 (no atomics), adds the bias and rounds once. With SPLIT_K = 1 the GEMM
-  program does that itself.
+- With SPLIT_K > 1 each split of K is summed from zero into a float32 partial and the partials are added in split
+  order 0..SPLIT_K-1 (no atomics), then the bias, then one rounding. Where those additions run is free to follow M
+  (`splits_side_by_side`): at few rows program (m, n, s) writes its split's partial and `_reduce_splits_kernel` adds
+  them; at many rows each tile's program runs its splits one after another and adds them itself. The same
+  additions in the same order: the same bits.
 
 Why split K at all: decode has few rows, so a layer with few column tiles (the 7B's o_proj: 56 tiles of 64 columns
 on 132 SMs) would leave most SMs idle while a few stream the whole weight. The split is chosen so that one row-tile
-gives about three programs per SM (as many as fit at once), and then kept for every M. Its cost grows with M (the
-partials are M x N floats per split): prefill in the mode pays it, decode and verification hardly do.
+gives about three programs per SM (as many as fit at once), and then kept for every M. At many rows the row-tiles
+fill the SMs themselves, and the splits run inside each program (no partials to write and read back).
 
 Fusion points, for later (not implemented): `_load_rows` is where an input prologue goes (RMSNorm of the rows:
 scale the x tile by each row's precomputed rstd and the norm weight's K slice), `_finish` where an output epilogue
@@ -40,6 +42,16 @@ _MAX_SPLIT_K = 16
 
 
 @dataclass(frozen=True)
+class Tile:
+    """A program's share of the GEMM and how it runs: rows x columns x K per step, warps, pipeline stages."""
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
 class GemmConfig:
     block_m: int
     block_n: int
@@ -50,21 +62,33 @@ class GemmConfig:
     num_stages: int
 
 
-def gemm_config(n: int, k: int, dtype: torch.dtype, num_sms: int) -> GemmConfig:
-    """The GEMM's shape for an [N, K] weight: a function of (N, K, dtype, SM count), never of the row count."""
-    if dtype == torch.float32:
-        block_m, block_n, block_k, warps, stages = 64, 64, 32, 4, 3
-    else:
-        block_m, block_n, block_k, warps, stages = 64, 64, 64, 4, 4
-    tiles_n = triton.cdiv(n, block_n)
-    k_blocks = triton.cdiv(k, block_k)
+def default_tile(dtype: torch.dtype) -> Tile:
+    return Tile(64, 64, 32, 4, 3) if dtype == torch.float32 else Tile(64, 64, 64, 4, 4)
+
+
+def gemm_config(n: int, k: int, dtype: torch.dtype, num_sms: int, *, tile: Tile | None = None,
+                programs_per_sm: int = _PROGRAMS_PER_SM) -> GemmConfig:
+    """The GEMM's shape for an [N, K] weight: a function of (N, K, dtype, SM count), never of the row count.
+    `tile` and `programs_per_sm` replace the defaults (the tile sweep, bench/bench_invariant_gemm.py)."""
+    tile = tile or default_tile(dtype)
+    tiles_n = triton.cdiv(n, tile.block_n)
+    k_blocks = triton.cdiv(k, tile.block_k)
     split = 1
     if tiles_n < num_sms:
-        split = max(1, min(triton.cdiv(_PROGRAMS_PER_SM * num_sms, tiles_n), k_blocks // _MIN_K_BLOCKS_PER_SPLIT,
+        split = max(1, min(triton.cdiv(programs_per_sm * num_sms, tiles_n), k_blocks // _MIN_K_BLOCKS_PER_SPLIT,
                            _MAX_SPLIT_K))
     blocks_per_split = triton.cdiv(k_blocks, split)
     split = triton.cdiv(k_blocks, blocks_per_split)  # no empty split
-    return GemmConfig(block_m, block_n, block_k, split, blocks_per_split * block_k, warps, stages)
+    return GemmConfig(tile.block_m, tile.block_n, tile.block_k, split, blocks_per_split * tile.block_k,
+                      tile.num_warps, tile.num_stages)
+
+
+def splits_side_by_side(m: int, n: int, cfg: GemmConfig, num_sms: int) -> bool:
+    """Whether a split GEMM of m rows runs its K splits in programs of their own (then a reduce) or one after
+    another inside each tile's program. The bits are the same either way (the same additions in the same order), so
+    this may depend on m: side by side fills the SMs when few row-tiles would leave them idle; once the row-tiles
+    alone fill them, the partials (m x N floats per split, written and read back) are pure cost."""
+    return cfg.split_k > 1 and triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n) < _PROGRAMS_PER_SM * num_sms
 
 
 @triton.jit
@@ -85,22 +109,13 @@ def _finish(acc, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BIAS: t
              mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-@triton.jit(do_not_specialize=["M", "stride_xm", "stride_om"])
-def _linear_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr,
-    M, N, K, stride_xm, stride_wn, stride_om,
-    K_PER_SPLIT: tl.constexpr, SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, INTERPRETER: tl.constexpr,
-):
-    # Row-tiles vary fastest: the programs that read the same weight tile run side by side (it stays in L2).
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    split = tl.program_id(2)
-    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
+@triton.jit
+def _dot_k_range(x_ptr, w_rows, offs_m, offs_n, M, N, K, stride_xm, k_lo, k_hi, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 INTERPRETER: tl.constexpr):
+    """The float32 sum over K columns [k_lo, k_hi) of the tile, from zero, BLOCK_K columns at a time in order."""
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    k_lo = split * K_PER_SPLIT
-    for k0 in range(k_lo, tl.minimum(k_lo + K_PER_SPLIT, K), BLOCK_K):
+    for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         a = _load_rows(x_ptr, offs_m, offs_k, M, K, stride_xm)
         b = tl.load(w_rows + offs_k[None, :], mask=(offs_n[:, None] < N) & (offs_k[None, :] < K), other=0.0)
@@ -108,15 +123,43 @@ def _linear_kernel(
             a = a.to(tl.float32)
             b = b.to(tl.float32)
         acc = tl.dot(a, tl.trans(b), acc, input_precision=DOT_PRECISION)
-    if SPLIT_K == 1:
+    return acc
+
+
+@triton.jit(do_not_specialize=["M", "stride_xm", "stride_om", "K_PER_SPLIT", "SPLIT_K"])
+def _linear_kernel(
+    x_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr,
+    M, N, K, stride_xm, stride_wn, stride_om, K_PER_SPLIT, SPLIT_K,
+    SPLITS_IN_PROGRAM: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, INTERPRETER: tl.constexpr,
+):
+    # Row-tiles vary fastest: the programs that read the same weight tile run side by side (it stays in L2).
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
+    if SPLITS_IN_PROGRAM:
+        # Every split of K in this program, each summed from zero and added to the total in split order: the very
+        # additions `_reduce_splits_kernel` makes, so the bits equal the side-by-side splits'.
+        acc = _dot_k_range(x_ptr, w_rows, offs_m, offs_n, M, N, K, stride_xm, 0, tl.minimum(K_PER_SPLIT, K),
+                           BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, INTERPRETER)
+        for split in range(1, SPLIT_K):
+            k_lo = split * K_PER_SPLIT
+            acc = acc + _dot_k_range(x_ptr, w_rows, offs_m, offs_n, M, N, K, stride_xm, k_lo,
+                                     tl.minimum(k_lo + K_PER_SPLIT, K), BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION,
+                                     INTERPRETER)
         _finish(acc, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BIAS, INTERPRETER)
-    else:  # partials [SPLIT_K, M, N] float32
+    else:  # this program's split of K into partials [SPLIT_K, M, N] float32, added by `_reduce_splits_kernel`
+        split = tl.program_id(2)
+        k_lo = split * K_PER_SPLIT
+        acc = _dot_k_range(x_ptr, w_rows, offs_m, offs_n, M, N, K, stride_xm, k_lo,
+                           tl.minimum(k_lo + K_PER_SPLIT, K), BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, INTERPRETER)
         part = partial_ptr + (split * M + offs_m[:, None]).to(tl.int64) * N + offs_n[None, :]
         tl.store(part, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-@triton.jit(do_not_specialize=["M", "stride_om"])
-def _reduce_splits_kernel(partial_ptr, bias_ptr, out_ptr, M, N, stride_om, SPLIT_K: tl.constexpr,
+@triton.jit(do_not_specialize=["M", "stride_om", "SPLIT_K"])
+def _reduce_splits_kernel(partial_ptr, bias_ptr, out_ptr, M, N, stride_om, SPLIT_K,
                           HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           INTERPRETER: tl.constexpr):
     """out = partial[0] + partial[1] + ... + partial[SPLIT_K - 1] (+ bias), added in that order."""
@@ -125,14 +168,15 @@ def _reduce_splits_kernel(partial_ptr, bias_ptr, out_ptr, M, N, stride_om, SPLIT
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     index = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
     acc = tl.load(partial_ptr + index, mask=mask, other=0.0)
-    for s in tl.static_range(1, SPLIT_K):
+    for s in range(1, SPLIT_K):
         acc = acc + tl.load(partial_ptr + (s * M).to(tl.int64) * N + index, mask=mask, other=0.0)
     _finish(acc, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BIAS, INTERPRETER)
 
 
 def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                  config: GemmConfig | None = None) -> torch.Tensor:
-    """Same contract as `linear_torch`. `config` (tests, benchmarks) replaces `gemm_config`'s choice."""
+                  config: GemmConfig | None = None, side_by_side: bool | None = None) -> torch.Tensor:
+    """Same contract as `linear_torch`. `config` (tests, benchmarks) replaces `gemm_config`'s choice,
+    `side_by_side` `splits_side_by_side`'s."""
     *lead, k = x.shape
     n = weight.shape[0]
     rows = x.reshape(-1, k)
@@ -143,22 +187,26 @@ def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out.reshape(*lead, n)
-    cfg = config or gemm_config(n, k, weight.dtype, sm_count(x.device))
+    num_sms = sm_count(x.device)
+    cfg = config or gemm_config(n, k, weight.dtype, num_sms)
+    if side_by_side is None:
+        side_by_side = splits_side_by_side(m, n, cfg, num_sms)
+    side_by_side = side_by_side and cfg.split_k > 1
     interpreter = x.device.type == "cpu"
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
-    partial = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device) if cfg.split_k > 1 else out
+    partial = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device) if side_by_side else out
     bias_arg = bias if bias is not None else out  # unused without a bias
     tiles = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))
-    _linear_kernel[(*tiles, cfg.split_k)](
+    _linear_kernel[(*tiles, cfg.split_k if side_by_side else 1)](
         rows, weight, bias_arg, out, partial, m, n, k, rows.stride(0), weight.stride(0), out.stride(0),
-        K_PER_SPLIT=cfg.k_per_split, SPLIT_K=cfg.split_k, HAS_BIAS=bias is not None,
+        cfg.k_per_split, cfg.split_k, SPLITS_IN_PROGRAM=not side_by_side, HAS_BIAS=bias is not None,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT_PRECISION=precision,
         INTERPRETER=interpreter, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if cfg.split_k > 1:
+    if side_by_side:
         block_m, block_n = 32, 128
         _reduce_splits_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
-            partial, bias_arg, out, m, n, out.stride(0), SPLIT_K=cfg.split_k, HAS_BIAS=bias is not None,
+            partial, bias_arg, out, m, n, out.stride(0), cfg.split_k, HAS_BIAS=bias is not None,
             BLOCK_M=block_m, BLOCK_N=block_n, INTERPRETER=interpreter, num_warps=4,
         )
     return out.reshape(*lead, n)

@@ -2,6 +2,7 @@
 property itself for both: a row's output is bit for bit the same computed alone, in batches of other sizes, at
 other positions, in a k+1 verification or a prefill chunked another way."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from paged_batch_inputs import make_paged_batch, naive_attention, relative_error
 from specsplit.kernels import dispatch, typical_acceptance
 from specsplit.kernels.invariant_reductions import ordered_cumsum, ordered_sum, ordered_top_k
 from specsplit.kernels.linear import linear_torch
-from specsplit.kernels.linear_triton import GemmConfig, gemm_config, linear_triton
+from specsplit.kernels.linear_triton import GemmConfig, gemm_config, linear_triton, splits_side_by_side
 from specsplit.kernels.paged_attention import paged_attention_torch
 from specsplit.kernels.paged_attention_triton import paged_attention_triton
 from specsplit.kernels.rms_norm import add_rms_norm_torch
@@ -116,6 +117,28 @@ def test_linear_triton_matches_reference_and_is_row_invariant(dtype, config, dev
     exact = x.double().cpu() @ w.double().cpu().T + b.double().cpu()
     tolerance = 1e-6 if dtype == torch.float32 else 8e-3  # one rounding to bf16 of outputs near 1-10
     assert relative_error(got, exact) < tolerance and relative_error(want, exact) < tolerance
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_triton_splits_side_by_side_or_in_one_program_give_the_same_bits(dtype, device, generator):
+    # The placement of K's splits may follow the row count (splits_side_by_side): it must not change a bit.
+    x = torch.randn(70, 200, generator=generator).to(dtype=dtype, device=device)
+    w = (torch.randn(100, 200, generator=generator) / 10).to(dtype=dtype, device=device)
+    b = torch.randn(100, generator=generator).to(dtype=dtype, device=device)
+    side_by_side = linear_triton(x, w, b, config=SPLIT_CONFIG, side_by_side=True)
+    in_program = linear_triton(x, w, b, config=SPLIT_CONFIG, side_by_side=False)
+    assert torch.equal(side_by_side, in_program)
+    assert torch.equal(linear_triton(x[3:4], w, b, config=SPLIT_CONFIG, side_by_side=True)[0], in_program[3])
+    if dtype == torch.float32:  # the split is part of the arithmetic (bf16's rounding hides it at this K)
+        unsplit = dataclasses.replace(SPLIT_CONFIG, split_k=1, k_per_split=224)
+        assert not torch.equal(linear_triton(x, w, b, config=unsplit), in_program)
+
+
+def test_splits_go_in_one_program_once_the_row_tiles_fill_the_device():
+    o_proj = gemm_config(3584, 3584, torch.bfloat16, 132)  # 56 column tiles, split 8
+    assert splits_side_by_side(1, 3584, o_proj, 132) and splits_side_by_side(64, 3584, o_proj, 132)
+    assert not splits_side_by_side(512, 3584, o_proj, 132)
+    assert not splits_side_by_side(1, 37888, gemm_config(37888, 3584, torch.bfloat16, 132), 132)  # unsplit
 
 
 @pytest.mark.parametrize("dtype", DTYPES + [torch.float64])

@@ -1,0 +1,172 @@
+"""The batch-invariant mode's GEMM (kernels/linear_triton.py) across tile shapes and K splits, against cuBLAS, on
+the weight shapes of the 7B target and the 0.5B draft (random bf16 weights; no model is built).
+
+For every candidate (tile, programs per SM, which sets the K split of narrow layers) and every weight shape:
+1. Invariance on the device: 288 random rows at once, then the first m rows for each m of `--rows`, a row alone, and
+   the splits side by side and in one program: every row must equal its bits in the 288-row call.
+2. Device time per call (CUDA-graph replays, bench_kernels.graph_us) at each m of `--rows`: the splits side by side
+   and in one program (where K is split), and cuBLAS (F.linear) beside them.
+The summary adds each model's per-layer GEMMs (qkv, o, gate/up, down) and its lm_head for each m, for each candidate
+taking the faster placement (the one `splits_side_by_side` should pick), against cuBLAS.
+
+Writes $OUT/invariant_gemm.json (else bench/results/). One GPU:
+    python3 bench/bench_invariant_gemm.py [--rows 1,5,8,32,40,160,288] [--budget-s 420]
+"""
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from bench_common import print_table, write_results  # noqa: E402
+from bench_kernels import graph_us  # noqa: E402
+from specsplit.kernels.device import sm_count  # noqa: E402
+from specsplit.kernels.linear_triton import Tile, default_tile, gemm_config, linear_triton  # noqa: E402
+
+# [N, K] of each model's GEMMs (Qwen2.5 shapes: qkv and gate/up packed as the engine packs them); lm_head last.
+SHAPES = {
+    "7b": {"qkv": (4608, 3584), "o": (3584, 3584), "gate_up": (37888, 3584), "down": (3584, 18944),
+           "lm_head": (152064, 3584)},
+    "0.5b": {"qkv": (1152, 896), "o": (896, 896), "gate_up": (9728, 896), "down": (896, 4864),
+             "lm_head": (151936, 896)},
+}
+LAYERS = {"7b": 28, "0.5b": 24}
+CANDIDATE_TILES = (
+    Tile(64, 64, 64, 4, 4), Tile(64, 128, 64, 4, 4), Tile(64, 128, 64, 8, 3), Tile(128, 128, 64, 8, 3),
+    Tile(64, 256, 64, 8, 3), Tile(128, 64, 64, 4, 4), Tile(64, 64, 128, 4, 3), Tile(64, 128, 128, 4, 3),
+    Tile(128, 256, 64, 8, 3), Tile(32, 128, 64, 4, 4), Tile(16, 64, 128, 4, 4),
+)
+PROGRAMS_PER_SM = (2, 3, 4)
+
+
+def log(*args):
+    print(*args, flush=True)
+
+
+def tile_name(tile: Tile) -> str:
+    return f"{tile.block_m}x{tile.block_n}x{tile.block_k}w{tile.num_warps}s{tile.num_stages}"
+
+
+def invariant(weight, bias, cfg, rows_list, max_rows) -> bool:
+    """Every row of the smaller calls equals its bits in the max_rows call, whichever placement of the splits."""
+    x = torch.randn(max_rows, weight.shape[1], device=weight.device, dtype=weight.dtype)
+    full = linear_triton(x, weight, bias, config=cfg)
+    calls = [(m, placement) for m in rows_list for placement in (None, True, False)]
+    for m, placement in calls:
+        if not torch.equal(linear_triton(x[:m], weight, bias, config=cfg, side_by_side=placement), full[:m]):
+            return False
+    return torch.equal(linear_triton(x[7:8], weight, bias, config=cfg)[0], full[7])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", default="1,5,8,32,40,160,288")
+    parser.add_argument("--models", default="7b,0.5b")
+    parser.add_argument("--budget-s", type=float, default=480.0, help="stop starting candidates after this")
+    parser.add_argument("--calls", type=int, default=10, help="calls per captured graph")
+    args = parser.parse_args()
+    rows_list = [int(r) for r in args.rows.split(",")]
+    started = time.perf_counter()
+    device = torch.device("cuda")
+    num_sms = sm_count(device)
+    rows_out: list[dict] = []
+    meta = {"device": torch.cuda.get_device_name(device), "sms": num_sms, "rows": rows_list,
+            "default_tile": tile_name(default_tile(torch.bfloat16))}
+
+    def save():
+        write_results("invariant_gemm", rows_out, {**meta, "seconds": time.perf_counter() - started})
+
+    weights = {}
+    for model in args.models.split(","):
+        for layer, (n, k) in SHAPES[model].items():
+            weight = (torch.randn(n, k, device=device) / k**0.5).to(torch.bfloat16)
+            bias = torch.randn(n, device=device, dtype=torch.bfloat16) if layer == "qkv" else None
+            weights[(model, layer)] = (weight, bias)
+            for m in rows_list:
+                x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+                rows_out.append({"section": "cublas", "model": model, "layer": layer, "n": n, "k": k, "rows": m,
+                                 "us": graph_us(lambda: F.linear(x, weight, bias), args.calls)})
+    save()
+    for tile in CANDIDATE_TILES:
+        for pps in PROGRAMS_PER_SM:
+            if time.perf_counter() - started > args.budget_s:
+                log(f"budget reached: {tile_name(tile)} pps {pps} and later not run")
+                meta["stopped_early"] = True
+                save()
+                break
+            for (model, layer), (weight, bias) in weights.items():
+                n, k = weight.shape
+                cfg = gemm_config(n, k, torch.bfloat16, num_sms, tile=tile, programs_per_sm=pps)
+                if pps != PROGRAMS_PER_SM[0] and cfg == gemm_config(n, k, torch.bfloat16, num_sms, tile=tile,
+                                                                    programs_per_sm=PROGRAMS_PER_SM[0]):
+                    continue  # the same split as a timed one (wide layers are never split)
+                common = {"model": model, "layer": layer, "n": n, "k": k, "tile": tile_name(tile),
+                          "programs_per_sm": pps, "split_k": cfg.split_k}
+                try:
+                    ok = invariant(weight, bias, cfg, rows_list, max(rows_list))
+                except Exception as error:  # a tile that does not compile (shared memory) is a result
+                    rows_out.append({"section": "error", **common, "error": repr(error)[:300]})
+                    log("error", common, repr(error)[:200])
+                    continue
+                for m in rows_list:
+                    x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+                    row = {"section": "mode", **common, "rows": m, "invariant": ok,
+                           "in_program_us": graph_us(lambda: linear_triton(x, weight, bias, config=cfg,
+                                                                           side_by_side=False), args.calls)}
+                    if cfg.split_k > 1:
+                        row["side_by_side_us"] = graph_us(lambda: linear_triton(x, weight, bias, config=cfg,
+                                                                                side_by_side=True), args.calls)
+                    rows_out.append(row)
+                log(tile_name(tile), pps, model, layer, "split", cfg.split_k, "invariant", ok,
+                    f"{time.perf_counter() - started:.0f}s")
+            save()
+        else:
+            continue
+        break
+    summary = summarise(rows_out, rows_list)
+    meta["summary"] = summary
+    save()
+    print_table(summary, ["model", "part", "tile", "programs_per_sm", "invariant"]
+                + [f"vs_cublas_{m}" for m in rows_list])
+
+
+def summarise(rows: list[dict], rows_list: list[int]) -> list[dict]:
+    """Per model, candidate and m: the layer's four GEMMs and the lm_head, faster placement, cuBLAS / mode."""
+    cublas = {(r["model"], r["layer"], r["rows"]): r["us"] for r in rows if r["section"] == "cublas"}
+    mode = [r for r in rows if r["section"] == "mode"]
+    out = []
+    for model in dict.fromkeys(r["model"] for r in mode):
+        for tile in dict.fromkeys(r["tile"] for r in mode if r["model"] == model):
+            for pps in PROGRAMS_PER_SM:
+                for part, layers in (("layer", ("qkv", "o", "gate_up", "down")), ("lm_head", ("lm_head",))):
+                    entry = {"model": model, "part": part, "tile": tile, "programs_per_sm": pps, "invariant": True}
+                    complete = True
+                    for m in rows_list:
+                        mode_us = base_us = 0.0
+                        for layer in layers:
+                            # a layer whose split does not change with pps was timed at the first pps only
+                            found = [r for r in mode if (r["model"], r["layer"], r["tile"], r["rows"]) ==
+                                     (model, layer, tile, m) and r["programs_per_sm"] <= pps]
+                            if not found:
+                                complete = False
+                                break
+                            r = max(found, key=lambda r: r["programs_per_sm"])
+                            entry["invariant"] &= r["invariant"]
+                            mode_us += min(r["in_program_us"], r.get("side_by_side_us", float("inf")))
+                            base_us += cublas[(model, layer, m)]
+                        if not complete:
+                            break
+                        entry[f"vs_cublas_{m}"] = round(base_us / mode_us, 3)
+                        entry[f"mode_us_{m}"] = round(mode_us, 1)
+                    if complete:
+                        out.append(entry)
+    return out
+
+
+if __name__ == "__main__":
+    main()
