@@ -1,13 +1,14 @@
 """The batch-invariant mode's GEMM (kernels/linear_triton.py) across tile shapes and K splits, against cuBLAS, on
 the weight shapes of the 7B target and the 0.5B draft (random bf16 weights; no model is built).
 
-For every candidate (tile, programs per SM, which sets the K split of narrow layers) and every weight shape:
+For every candidate (tile, and the rule that splits K: gemm_config's split_rule and programs per SM) and every weight
+shape:
 1. Invariance on the device: 288 random rows at once, then the first m rows for each m of `--rows`, a row alone, and
    the splits side by side and in one program: every row must equal its bits in the 288-row call.
 2. Device time per call (CUDA-graph replays, bench_kernels.graph_us) at each m of `--rows`: the splits side by side
    and in one program (where K is split), and cuBLAS (F.linear) beside them.
-The summary adds each model's per-layer GEMMs (qkv, o, gate/up, down) and its lm_head for each m, for each candidate
-taking the faster placement (the one `splits_side_by_side` should pick), against cuBLAS.
+The summary adds each model's per-layer GEMMs (qkv, o, gate/up, down) and its lm_head for each m, for each candidate,
+with the placement `splits_side_by_side` picks and with the faster one, as cuBLAS time / the mode's.
 
 Writes $OUT/invariant_gemm.json (else bench/results/). One GPU:
     python3 bench/bench_invariant_gemm.py [--rows 1,5,8,32,40,160,288] [--budget-s 420]
@@ -26,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_common import print_table, write_results  # noqa: E402
 from bench_kernels import graph_us  # noqa: E402
 from specsplit.kernels.device import sm_count  # noqa: E402
-from specsplit.kernels.linear_triton import Tile, default_tile, gemm_config, linear_triton  # noqa: E402
+from specsplit.kernels.linear_triton import (Tile, default_tile, gemm_config, linear_triton,  # noqa: E402
+                                             splits_side_by_side)
 
 # [N, K] of each model's GEMMs (Qwen2.5 shapes: qkv and gate/up packed as the engine packs them); lm_head last.
 SHAPES = {
@@ -37,11 +39,12 @@ SHAPES = {
 }
 LAYERS = {"7b": 28, "0.5b": 24}
 CANDIDATE_TILES = (
-    Tile(64, 64, 64, 4, 4), Tile(64, 128, 64, 4, 4), Tile(64, 128, 64, 8, 3), Tile(128, 128, 64, 8, 3),
-    Tile(64, 256, 64, 8, 3), Tile(128, 64, 64, 4, 4), Tile(64, 64, 128, 4, 3), Tile(64, 128, 128, 4, 3),
-    Tile(128, 256, 64, 8, 3), Tile(32, 128, 64, 4, 4), Tile(16, 64, 128, 4, 4),
+    Tile(64, 64, 64, 4, 4), Tile(64, 64, 128, 4, 3), Tile(16, 64, 128, 4, 4), Tile(32, 64, 128, 4, 4),
+    Tile(32, 64, 64, 4, 4), Tile(64, 128, 64, 8, 3), Tile(64, 128, 64, 4, 3), Tile(128, 128, 64, 8, 3),
+    Tile(64, 256, 64, 8, 3),
 )
-PROGRAMS_PER_SM = (2, 3, 4)
+# (split rule, programs per SM): gemm_config's "fill" rule at three slot counts, and the earlier "programs" rule.
+SPLIT_RULES = (("fill", 3), ("fill", 2), ("fill", 4), ("programs", 3))
 
 
 def log(*args):
@@ -93,20 +96,23 @@ def main() -> None:
                                  "us": graph_us(lambda: F.linear(x, weight, bias), args.calls)})
     save()
     for tile in CANDIDATE_TILES:
-        for pps in PROGRAMS_PER_SM:
+        for rule, pps in SPLIT_RULES:
             if time.perf_counter() - started > args.budget_s:
-                log(f"budget reached: {tile_name(tile)} pps {pps} and later not run")
+                log(f"budget reached: {tile_name(tile)} {rule} {pps} and later not run")
                 meta["stopped_early"] = True
                 save()
                 break
             for (model, layer), (weight, bias) in weights.items():
                 n, k = weight.shape
-                cfg = gemm_config(n, k, torch.bfloat16, num_sms, tile=tile, programs_per_sm=pps)
-                if pps != PROGRAMS_PER_SM[0] and cfg == gemm_config(n, k, torch.bfloat16, num_sms, tile=tile,
-                                                                    programs_per_sm=PROGRAMS_PER_SM[0]):
-                    continue  # the same split as a timed one (wide layers are never split)
+                cfg = gemm_config(n, k, torch.bfloat16, num_sms, tile=tile, programs_per_sm=pps, split_rule=rule)
                 common = {"model": model, "layer": layer, "n": n, "k": k, "tile": tile_name(tile),
-                          "programs_per_sm": pps, "split_k": cfg.split_k}
+                          "rule": f"{rule}{pps}", "split_k": cfg.split_k}
+                earlier = [r for r in rows_out if r["section"] == "mode" and r["tile"] == common["tile"]
+                           and (r["model"], r["layer"], r["split_k"]) == (model, layer, cfg.split_k)]
+                if earlier:  # the same split timed under another rule: reuse
+                    rows_out.extend({**r, "rule": common["rule"], "reused": True} for r in earlier
+                                    if not r.get("reused"))
+                    continue
                 try:
                     ok = invariant(weight, bias, cfg, rows_list, max(rows_list))
                 except Exception as error:  # a tile that does not compile (shared memory) is a result
@@ -116,13 +122,14 @@ def main() -> None:
                 for m in rows_list:
                     x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
                     row = {"section": "mode", **common, "rows": m, "invariant": ok,
+                           "rule_side_by_side": splits_side_by_side(m, n, cfg, num_sms),
                            "in_program_us": graph_us(lambda: linear_triton(x, weight, bias, config=cfg,
                                                                            side_by_side=False), args.calls)}
                     if cfg.split_k > 1:
                         row["side_by_side_us"] = graph_us(lambda: linear_triton(x, weight, bias, config=cfg,
                                                                                 side_by_side=True), args.calls)
                     rows_out.append(row)
-                log(tile_name(tile), pps, model, layer, "split", cfg.split_k, "invariant", ok,
+                log(tile_name(tile), rule, pps, model, layer, "split", cfg.split_k, "invariant", ok,
                     f"{time.perf_counter() - started:.0f}s")
             save()
         else:
@@ -131,40 +138,29 @@ def main() -> None:
     summary = summarise(rows_out, rows_list)
     meta["summary"] = summary
     save()
-    print_table(summary, ["model", "part", "tile", "programs_per_sm", "invariant"]
-                + [f"vs_cublas_{m}" for m in rows_list])
+    print_table(summary, ["model", "part", "tile", "rule", "invariant"] + [f"rule_{m}" for m in rows_list])
 
 
 def summarise(rows: list[dict], rows_list: list[int]) -> list[dict]:
-    """Per model, candidate and m: the layer's four GEMMs and the lm_head, faster placement, cuBLAS / mode."""
+    """Per model, candidate (tile, rule) and m: the layer's four GEMMs and the lm_head, each with the placement
+    `splits_side_by_side` picks ("rule") and with the faster one ("best"), as cuBLAS time / mode time."""
     cublas = {(r["model"], r["layer"], r["rows"]): r["us"] for r in rows if r["section"] == "cublas"}
-    mode = [r for r in rows if r["section"] == "mode"]
+    mode = {(r["model"], r["layer"], r["tile"], r["rule"], r["rows"]): r for r in rows if r["section"] == "mode"}
     out = []
-    for model in dict.fromkeys(r["model"] for r in mode):
-        for tile in dict.fromkeys(r["tile"] for r in mode if r["model"] == model):
-            for pps in PROGRAMS_PER_SM:
-                for part, layers in (("layer", ("qkv", "o", "gate_up", "down")), ("lm_head", ("lm_head",))):
-                    entry = {"model": model, "part": part, "tile": tile, "programs_per_sm": pps, "invariant": True}
-                    complete = True
-                    for m in rows_list:
-                        mode_us = base_us = 0.0
-                        for layer in layers:
-                            # a layer whose split does not change with pps was timed at the first pps only
-                            found = [r for r in mode if (r["model"], r["layer"], r["tile"], r["rows"]) ==
-                                     (model, layer, tile, m) and r["programs_per_sm"] <= pps]
-                            if not found:
-                                complete = False
-                                break
-                            r = max(found, key=lambda r: r["programs_per_sm"])
-                            entry["invariant"] &= r["invariant"]
-                            mode_us += min(r["in_program_us"], r.get("side_by_side_us", float("inf")))
-                            base_us += cublas[(model, layer, m)]
-                        if not complete:
-                            break
-                        entry[f"vs_cublas_{m}"] = round(base_us / mode_us, 3)
-                        entry[f"mode_us_{m}"] = round(mode_us, 1)
-                    if complete:
-                        out.append(entry)
+    for model, tile, rule in dict.fromkeys((key[0], key[2], key[3]) for key in mode):
+        for part, layers in (("layer", ("qkv", "o", "gate_up", "down")), ("lm_head", ("lm_head",))):
+            found = [[mode.get((model, layer, tile, rule, m)) for layer in layers] for m in rows_list]
+            if any(r is None for per_m in found for r in per_m):
+                continue
+            entry = {"model": model, "part": part, "tile": tile, "rule": rule,
+                     "invariant": all(r["invariant"] for per_m in found for r in per_m)}
+            for m, per_m in zip(rows_list, found):
+                base = sum(cublas[(model, layer, m)] for layer in layers)
+                chosen = sum(r["side_by_side_us"] if r["rule_side_by_side"] else r["in_program_us"] for r in per_m)
+                best = sum(min(r["in_program_us"], r.get("side_by_side_us", float("inf"))) for r in per_m)
+                entry[f"rule_{m}"] = round(base / chosen, 3)
+                entry[f"best_{m}"] = round(base / best, 3)
+            out.append(entry)
     return out
 
 

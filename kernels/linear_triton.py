@@ -39,6 +39,7 @@ from specsplit.kernels.rounding_triton import cast_rtne
 _PROGRAMS_PER_SM = 3
 _MIN_K_BLOCKS_PER_SPLIT = 4
 _MAX_SPLIT_K = 16
+_GOOD_FILL = 0.9
 
 
 @dataclass(frozen=True)
@@ -66,17 +67,36 @@ def default_tile(dtype: torch.dtype) -> Tile:
     return Tile(64, 64, 32, 4, 3) if dtype == torch.float32 else Tile(64, 64, 64, 4, 4)
 
 
+def _wave_fill(programs: int, slots: int) -> float:
+    """The share of the device's program slots busy over the waves `programs` take (1.0: every wave full)."""
+    return programs / (triton.cdiv(programs, slots) * slots)
+
+
 def gemm_config(n: int, k: int, dtype: torch.dtype, num_sms: int, *, tile: Tile | None = None,
-                programs_per_sm: int = _PROGRAMS_PER_SM) -> GemmConfig:
+                programs_per_sm: int = _PROGRAMS_PER_SM, split_rule: str = "fill") -> GemmConfig:
     """The GEMM's shape for an [N, K] weight: a function of (N, K, dtype, SM count), never of the row count.
-    `tile` and `programs_per_sm` replace the defaults (the tile sweep, bench/bench_invariant_gemm.py)."""
+    `tile`, `programs_per_sm` and `split_rule` replace the defaults (the sweep, bench/bench_invariant_gemm.py).
+
+    The split of K, for one row-tile (decode's rows): "fill" takes the fewest splits whose programs fill the
+    device's slots (`programs_per_sm` per SM) to at least _GOOD_FILL over their waves, a 1.13-wave launch wastes
+    most of its second wave; "programs" (the earlier rule) splits narrow layers to about `programs_per_sm` programs
+    per SM."""
     tile = tile or default_tile(dtype)
     tiles_n = triton.cdiv(n, tile.block_n)
     k_blocks = triton.cdiv(k, tile.block_k)
-    split = 1
-    if tiles_n < num_sms:
-        split = max(1, min(triton.cdiv(programs_per_sm * num_sms, tiles_n), k_blocks // _MIN_K_BLOCKS_PER_SPLIT,
-                           _MAX_SPLIT_K))
+    max_split = max(1, min(k_blocks // _MIN_K_BLOCKS_PER_SPLIT, _MAX_SPLIT_K))
+    slots = programs_per_sm * num_sms
+    if split_rule == "programs":
+        split = min(triton.cdiv(slots, tiles_n), max_split) if tiles_n < num_sms else 1
+    else:
+        split, best_fill = 1, -1.0
+        for wanted in range(1, max_split + 1):
+            candidate = triton.cdiv(k_blocks, triton.cdiv(k_blocks, wanted))  # no empty split
+            fill = _wave_fill(tiles_n * candidate, slots) if tiles_n * candidate >= num_sms else 0.0
+            if fill > best_fill + 1e-9:
+                split, best_fill = candidate, fill
+            if fill >= _GOOD_FILL:
+                break
     blocks_per_split = triton.cdiv(k_blocks, split)
     split = triton.cdiv(k_blocks, blocks_per_split)  # no empty split
     return GemmConfig(tile.block_m, tile.block_n, tile.block_k, split, blocks_per_split * tile.block_k,
@@ -86,9 +106,14 @@ def gemm_config(n: int, k: int, dtype: torch.dtype, num_sms: int, *, tile: Tile 
 def splits_side_by_side(m: int, n: int, cfg: GemmConfig, num_sms: int) -> bool:
     """Whether a split GEMM of m rows runs its K splits in programs of their own (then a reduce) or one after
     another inside each tile's program. The bits are the same either way (the same additions in the same order), so
-    this may depend on m: side by side fills the SMs when few row-tiles would leave them idle; once the row-tiles
-    alone fill them, the partials (m x N floats per split, written and read back) are pure cost."""
-    return cfg.split_k > 1 and triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n) < _PROGRAMS_PER_SM * num_sms
+    this may depend on m: side by side fills the device when the tiles alone would leave slots idle; once the
+    tiles fill their waves (or are many waves), the partials (m x N floats per split, written and read back) are
+    pure cost."""
+    if cfg.split_k == 1:
+        return False
+    slots = _PROGRAMS_PER_SM * num_sms
+    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
+    return tiles < 4 * slots and _wave_fill(tiles, slots) < _GOOD_FILL
 
 
 @triton.jit
@@ -126,7 +151,9 @@ def _dot_k_range(x_ptr, w_rows, offs_m, offs_n, M, N, K, stride_xm, k_lo, k_hi, 
     return acc
 
 
-@triton.jit(do_not_specialize=["M", "stride_xm", "stride_om", "K_PER_SPLIT", "SPLIT_K"])
+# M and the split count stay unspecialised (one compile whatever the batch); the strides and K_PER_SPLIT are
+# specialised, so the compiler sees them divisible by 16 and issues vector loads.
+@triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _linear_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr,
     M, N, K, stride_xm, stride_wn, stride_om, K_PER_SPLIT, SPLIT_K,
@@ -158,7 +185,7 @@ def _linear_kernel(
         tl.store(part, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
-@triton.jit(do_not_specialize=["M", "stride_om", "SPLIT_K"])
+@triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _reduce_splits_kernel(partial_ptr, bias_ptr, out_ptr, M, N, stride_om, SPLIT_K,
                           HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           INTERPRETER: tl.constexpr):
