@@ -1,8 +1,7 @@
 """The batch-invariant mode's GEMM (kernels/linear_triton.py) across tile shapes and K splits, against cuBLAS, on
 the weight shapes of the 7B target and the 0.5B draft (random bf16 weights; no model is built).
 
-For every candidate (tile, and the rule that splits K: gemm_config's split_rule and programs per SM) and every weight
-shape:
+For every candidate (tile, and the program slots per SM that gemm_config's split of K fills) and every weight shape:
 1. Invariance on the device: 288 random rows at once, then the first m rows for each m of `--rows`, a row alone, and
    the splits side by side and in one program: every row must equal its bits in the 288-row call.
 2. Device time per call (CUDA-graph replays, bench_kernels.graph_us) at each m of `--rows`: the splits side by side
@@ -43,8 +42,8 @@ CANDIDATE_TILES = (
     Tile(32, 64, 64, 4, 4), Tile(64, 128, 64, 8, 3), Tile(64, 128, 64, 4, 3), Tile(128, 128, 64, 8, 3),
     Tile(64, 256, 64, 8, 3),
 )
-# (split rule, programs per SM): gemm_config's "fill" rule at three slot counts, and the earlier "programs" rule.
-SPLIT_RULES = (("fill", 3), ("fill", 2), ("fill", 4), ("programs", 3))
+# Program slots per SM that gemm_config fills when it splits K (3: the default).
+PROGRAMS_PER_SM = (3, 2, 4)
 
 
 def log(*args):
@@ -96,21 +95,21 @@ def main() -> None:
                                  "us": graph_us(lambda: F.linear(x, weight, bias), args.calls)})
     save()
     for tile in CANDIDATE_TILES:
-        for rule, pps in SPLIT_RULES:
+        for pps in PROGRAMS_PER_SM:
             if time.perf_counter() - started > args.budget_s:
-                log(f"budget reached: {tile_name(tile)} {rule} {pps} and later not run")
+                log(f"budget reached: {tile_name(tile)} {pps} per SM and later not run")
                 meta["stopped_early"] = True
                 save()
                 break
             for (model, layer), (weight, bias) in weights.items():
                 n, k = weight.shape
-                cfg = gemm_config(n, k, torch.bfloat16, num_sms, tile=tile, programs_per_sm=pps, split_rule=rule)
+                cfg = gemm_config(n, k, torch.bfloat16, num_sms, tile=tile, programs_per_sm=pps)
                 common = {"model": model, "layer": layer, "n": n, "k": k, "tile": tile_name(tile),
-                          "rule": f"{rule}{pps}", "split_k": cfg.split_k}
+                          "programs_per_sm": pps, "split_k": cfg.split_k}
                 earlier = [r for r in rows_out if r["section"] == "mode" and r["tile"] == common["tile"]
                            and (r["model"], r["layer"], r["split_k"]) == (model, layer, cfg.split_k)]
-                if earlier:  # the same split timed under another rule: reuse
-                    rows_out.extend({**r, "rule": common["rule"], "reused": True} for r in earlier
+                if earlier:  # the same split timed at another slot count: reuse
+                    rows_out.extend({**r, "programs_per_sm": pps, "reused": True} for r in earlier
                                     if not r.get("reused"))
                     continue
                 try:
@@ -129,7 +128,7 @@ def main() -> None:
                         row["side_by_side_us"] = graph_us(lambda: linear_triton(x, weight, bias, config=cfg,
                                                                                 side_by_side=True), args.calls)
                     rows_out.append(row)
-                log(tile_name(tile), rule, pps, model, layer, "split", cfg.split_k, "invariant", ok,
+                log(tile_name(tile), pps, model, layer, "split", cfg.split_k, "invariant", ok,
                     f"{time.perf_counter() - started:.0f}s")
             save()
         else:
@@ -138,27 +137,27 @@ def main() -> None:
     summary = summarise(rows_out, rows_list)
     meta["summary"] = summary
     save()
-    print_table(summary, ["model", "part", "tile", "rule", "invariant"] + [f"rule_{m}" for m in rows_list])
+    print_table(summary, ["model", "part", "tile", "programs_per_sm", "invariant"] + [f"chosen_{m}" for m in rows_list])
 
 
 def summarise(rows: list[dict], rows_list: list[int]) -> list[dict]:
-    """Per model, candidate (tile, rule) and m: the layer's four GEMMs and the lm_head, each with the placement
-    `splits_side_by_side` picks ("rule") and with the faster one ("best"), as cuBLAS time / mode time."""
+    """Per model, candidate (tile, slots per SM) and m: the layer's four GEMMs and the lm_head, each with the
+    placement `splits_side_by_side` picks ("chosen") and with the faster one ("best"), as cuBLAS time / mode time."""
     cublas = {(r["model"], r["layer"], r["rows"]): r["us"] for r in rows if r["section"] == "cublas"}
-    mode = {(r["model"], r["layer"], r["tile"], r["rule"], r["rows"]): r for r in rows if r["section"] == "mode"}
+    mode = {(r["model"], r["layer"], r["tile"], r["programs_per_sm"], r["rows"]): r for r in rows if r["section"] == "mode"}
     out = []
-    for model, tile, rule in dict.fromkeys((key[0], key[2], key[3]) for key in mode):
+    for model, tile, pps in dict.fromkeys((key[0], key[2], key[3]) for key in mode):
         for part, layers in (("layer", ("qkv", "o", "gate_up", "down")), ("lm_head", ("lm_head",))):
-            found = [[mode.get((model, layer, tile, rule, m)) for layer in layers] for m in rows_list]
+            found = [[mode.get((model, layer, tile, pps, m)) for layer in layers] for m in rows_list]
             if any(r is None for per_m in found for r in per_m):
                 continue
-            entry = {"model": model, "part": part, "tile": tile, "rule": rule,
+            entry = {"model": model, "part": part, "tile": tile, "programs_per_sm": pps,
                      "invariant": all(r["invariant"] for per_m in found for r in per_m)}
             for m, per_m in zip(rows_list, found):
                 base = sum(cublas[(model, layer, m)] for layer in layers)
                 chosen = sum(r["side_by_side_us"] if r["rule_side_by_side"] else r["in_program_us"] for r in per_m)
                 best = sum(min(r["in_program_us"], r.get("side_by_side_us", float("inf"))) for r in per_m)
-                entry[f"rule_{m}"] = round(base / chosen, 3)
+                entry[f"chosen_{m}"] = round(base / chosen, 3)
                 entry[f"best_{m}"] = round(base / best, 3)
             out.append(entry)
     return out

@@ -67,35 +67,35 @@ def default_tile(dtype: torch.dtype) -> Tile:
     return Tile(64, 64, 32, 4, 3) if dtype == torch.float32 else Tile(64, 64, 64, 4, 4)
 
 
-def _wave_fill(programs: int, slots: int) -> float:
-    """The share of the device's program slots busy over the waves `programs` take (1.0: every wave full)."""
+def _split_score(programs: int, num_sms: int, slots: int) -> float:
+    """How well `programs` equal programs use the device: below one per SM, the share of slots they take (more is
+    better: a small layer's GEMM is latency, not bandwidth); from there, the busy share of their waves' slots (a
+    launch of 1.13 waves leaves most of the second wave idle)."""
+    if programs < num_sms:
+        return programs / slots
     return programs / (triton.cdiv(programs, slots) * slots)
 
 
 def gemm_config(n: int, k: int, dtype: torch.dtype, num_sms: int, *, tile: Tile | None = None,
-                programs_per_sm: int = _PROGRAMS_PER_SM, split_rule: str = "fill") -> GemmConfig:
+                programs_per_sm: int = _PROGRAMS_PER_SM) -> GemmConfig:
     """The GEMM's shape for an [N, K] weight: a function of (N, K, dtype, SM count), never of the row count.
-    `tile`, `programs_per_sm` and `split_rule` replace the defaults (the sweep, bench/bench_invariant_gemm.py).
+    `tile` and `programs_per_sm` replace the defaults (the sweep, bench/bench_invariant_gemm.py).
 
-    The split of K, for one row-tile (decode's rows): "fill" takes the fewest splits whose programs fill the
-    device's slots (`programs_per_sm` per SM) to at least _GOOD_FILL over their waves, a 1.13-wave launch wastes
-    most of its second wave; "programs" (the earlier rule) splits narrow layers to about `programs_per_sm` programs
-    per SM."""
+    K is split only for layers with fewer column tiles than SMs (a wider layer fills the device by its columns):
+    into the fewest splits whose programs fill their waves' slots (`programs_per_sm` per SM) to _GOOD_FILL, else the
+    split that fills them best."""
     tile = tile or default_tile(dtype)
     tiles_n = triton.cdiv(n, tile.block_n)
     k_blocks = triton.cdiv(k, tile.block_k)
-    max_split = max(1, min(k_blocks // _MIN_K_BLOCKS_PER_SPLIT, _MAX_SPLIT_K))
-    slots = programs_per_sm * num_sms
-    if split_rule == "programs":
-        split = min(triton.cdiv(slots, tiles_n), max_split) if tiles_n < num_sms else 1
-    else:
-        split, best_fill = 1, -1.0
-        for wanted in range(1, max_split + 1):
+    split = 1
+    if tiles_n < num_sms:
+        slots, best_score = programs_per_sm * num_sms, -1.0
+        for wanted in range(1, max(1, min(k_blocks // _MIN_K_BLOCKS_PER_SPLIT, _MAX_SPLIT_K)) + 1):
             candidate = triton.cdiv(k_blocks, triton.cdiv(k_blocks, wanted))  # no empty split
-            fill = _wave_fill(tiles_n * candidate, slots) if tiles_n * candidate >= num_sms else 0.0
-            if fill > best_fill + 1e-9:
-                split, best_fill = candidate, fill
-            if fill >= _GOOD_FILL:
+            score = _split_score(tiles_n * candidate, num_sms, slots)
+            if score > best_score + 1e-9:
+                split, best_score = candidate, score
+            if score >= _GOOD_FILL:
                 break
     blocks_per_split = triton.cdiv(k_blocks, split)
     split = triton.cdiv(k_blocks, blocks_per_split)  # no empty split
@@ -106,14 +106,10 @@ def gemm_config(n: int, k: int, dtype: torch.dtype, num_sms: int, *, tile: Tile 
 def splits_side_by_side(m: int, n: int, cfg: GemmConfig, num_sms: int) -> bool:
     """Whether a split GEMM of m rows runs its K splits in programs of their own (then a reduce) or one after
     another inside each tile's program. The bits are the same either way (the same additions in the same order), so
-    this may depend on m: side by side fills the device when the tiles alone would leave slots idle; once the
-    tiles fill their waves (or are many waves), the partials (m x N floats per split, written and read back) are
-    pure cost."""
-    if cfg.split_k == 1:
-        return False
-    slots = _PROGRAMS_PER_SM * num_sms
-    tiles = triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n)
-    return tiles < 4 * slots and _wave_fill(tiles, slots) < _GOOD_FILL
+    this may depend on m: side by side while the tiles alone are fewer than the SMs; from there the partials (m x N
+    floats per split, written and read back) cost more than the idle SMs they fill (measured on an H100,
+    bench/results/invariant_gemm_h100.json)."""
+    return cfg.split_k > 1 and triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n) < num_sms
 
 
 @triton.jit

@@ -136,12 +136,11 @@ def test_linear_triton_splits_side_by_side_or_in_one_program_give_the_same_bits(
 
 def test_splits_go_in_one_program_once_the_row_tiles_fill_the_device():
     o_proj = gemm_config(3584, 3584, torch.bfloat16, 132)  # 56 column tiles, split 7: 392 programs on 396 slots
-    assert splits_side_by_side(1, 3584, o_proj, 132) and splits_side_by_side(64, 3584, o_proj, 132)
-    assert not splits_side_by_side(64 * 7, 3584, o_proj, 132)  # 392 tiles fill a wave themselves
-    assert not splits_side_by_side(64 * 40, 3584, o_proj, 132)  # many waves
-    gate_up = gemm_config(37888, 3584, torch.bfloat16, 132)  # 592 tiles: 1.5 waves unsplit, 3.0 split in two
-    assert splits_side_by_side(1, 37888, gate_up, 132) and not splits_side_by_side(64 * 3, 37888, gate_up, 132)
-    assert not splits_side_by_side(1, 152064, gemm_config(152064, 3584, torch.bfloat16, 132), 132)  # unsplit
+    assert splits_side_by_side(1, 3584, o_proj, 132) and splits_side_by_side(64 * 2, 3584, o_proj, 132)
+    assert not splits_side_by_side(64 * 3, 3584, o_proj, 132)  # 168 tiles: more than the SMs
+    assert not splits_side_by_side(1, 37888, gemm_config(37888, 3584, torch.bfloat16, 132), 132)  # unsplit
+    tiny = gemm_config(896, 896, torch.bfloat16, 132)  # 14 tiles, 14 K blocks: as many splits as allowed
+    assert tiny.split_k == 3
 
 
 @pytest.mark.parametrize("dtype", DTYPES + [torch.float64])
@@ -157,7 +156,7 @@ def test_gemm_config_depends_on_the_weight_only():
     # The 7B's shapes on an H100 (132 SMs): narrow layers split K to fill the SMs with one row-tile.
     qkv, o_proj, gate_up = (gemm_config(n, k, torch.bfloat16, 132) for n, k in
                             ((4608, 3584), (3584, 3584), (37888, 3584)))
-    assert (qkv.split_k, o_proj.split_k, gate_up.split_k) == (5, 7, 2)  # 360, 392, 1184 programs: waves 91-100% full
+    assert (qkv.split_k, o_proj.split_k, gate_up.split_k) == (5, 7, 1)  # 360, 392 programs on 396 slots; 592 tiles
     for cfg, k in ((qkv, 3584), (o_proj, 3584)):
         assert cfg.k_per_split % cfg.block_k == 0 and (cfg.split_k - 1) * cfg.k_per_split < k <= cfg.split_k * cfg.k_per_split
 
