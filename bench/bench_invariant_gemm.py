@@ -14,6 +14,7 @@ Writes $OUT/invariant_gemm.json (else bench/results/). One GPU:
 """
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -71,6 +72,9 @@ def main() -> None:
     parser.add_argument("--models", default="7b,0.5b")
     parser.add_argument("--budget-s", type=float, default=480.0, help="stop starting candidates after this")
     parser.add_argument("--calls", type=int, default=10, help="calls per captured graph")
+    parser.add_argument("--row-tiles", default="",
+                        help="only the row-tile family: BLOCK_M:warps:stages,... beside the default tile, each "
+                             "checked for the default's bits and timed (e.g. 64:4:4,128:4:4,128:8:4,256:8:3)")
     args = parser.parse_args()
     rows_list = [int(r) for r in args.rows.split(",")]
     started = time.perf_counter()
@@ -94,6 +98,10 @@ def main() -> None:
                 rows_out.append({"section": "cublas", "model": model, "layer": layer, "n": n, "k": k, "rows": m,
                                  "us": graph_us(lambda: F.linear(x, weight, bias), args.calls)})
     save()
+    if args.row_tiles:
+        rows_out += row_tile_family(weights, args.row_tiles, rows_list, num_sms, args.calls)
+        save()
+        return
     for tile in CANDIDATE_TILES:
         for pps in PROGRAMS_PER_SM:
             if time.perf_counter() - started > args.budget_s:
@@ -138,6 +146,34 @@ def main() -> None:
     meta["summary"] = summary
     save()
     print_table(summary, ["model", "part", "tile", "programs_per_sm", "invariant"] + [f"chosen_{m}" for m in rows_list])
+
+
+def row_tile_family(weights, spec: str, rows_list: list[int], num_sms: int, calls: int) -> list[dict]:
+    """The default tile with other row counts (and warps): whether each gives every row the default's bits (the
+    same MMA instructions in the same K order, only more rows per program), and its time per call."""
+    out = []
+    for (model, layer), (weight, bias) in weights.items():
+        n, k = weight.shape
+        base = gemm_config(n, k, torch.bfloat16, num_sms)
+        x = torch.randn(max(rows_list), k, device=weight.device, dtype=torch.bfloat16)
+        want = linear_triton(x, weight, bias, config=base, side_by_side=False)
+        for item in spec.split(","):
+            block_m, warps, stages = (int(v) for v in item.split(":"))
+            cfg = dataclasses.replace(base, block_m=block_m, num_warps=warps, num_stages=stages)
+            same = all(torch.equal(linear_triton(x[:m], weight, bias, config=cfg, side_by_side=placement), want[:m])
+                       for m in rows_list for placement in (True, False))
+            for m in rows_list:
+                xm = x[:m].contiguous()
+                row = {"section": "row_tiles", "model": model, "layer": layer, "n": n, "k": k, "rows": m,
+                       "block_m": block_m, "warps": warps, "stages": stages, "split_k": cfg.split_k,
+                       "same_bits_as_default": same,
+                       "chosen_us": graph_us(lambda: linear_triton(xm, weight, bias, config=cfg), calls),
+                       "in_program_us": graph_us(lambda: linear_triton(xm, weight, bias, config=cfg,
+                                                                       side_by_side=False), calls)}
+                out.append(row)
+            log(model, layer, item, "same bits", same,
+                {m: round(r["chosen_us"], 1) for m, r in zip(rows_list, out[-len(rows_list):])})
+    return out
 
 
 def summarise(rows: list[dict], rows_list: list[int]) -> list[dict]:
