@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from bench_common import print_table, write_results  # noqa: E402
 from bench_kernels import graph_us  # noqa: E402
+from specsplit.kernels import linear_triton as linear_triton_module  # noqa: E402
 from specsplit.kernels.device import sm_count  # noqa: E402
 from specsplit.kernels.linear_triton import (Tile, default_tile, gemm_config, linear_triton,  # noqa: E402
                                              splits_side_by_side)
@@ -72,20 +73,25 @@ def main() -> None:
     parser.add_argument("--models", default="7b,0.5b")
     parser.add_argument("--budget-s", type=float, default=480.0, help="stop starting candidates after this")
     parser.add_argument("--calls", type=int, default=10, help="calls per captured graph")
+    parser.add_argument("--w-tile-kn", action="store_true",
+                        help="the kernel loads its weight tile as [BLOCK_K, BLOCK_N] (linear_triton.W_TILE_KN)")
     parser.add_argument("--row-tiles", default="",
                         help="only the row-tile family: BLOCK_M:warps:stages,... beside the default tile, each "
                              "checked for the default's bits and timed (e.g. 64:4:4,128:4:4,128:8:4,256:8:3)")
     args = parser.parse_args()
     rows_list = [int(r) for r in args.rows.split(",")]
+    linear_triton_module.W_TILE_KN = args.w_tile_kn
     started = time.perf_counter()
     device = torch.device("cuda")
     num_sms = sm_count(device)
     rows_out: list[dict] = []
     meta = {"device": torch.cuda.get_device_name(device), "sms": num_sms, "rows": rows_list,
+            "w_tile_kn": args.w_tile_kn,
             "default_tile": tile_name(default_tile(torch.bfloat16))}
 
     def save():
-        write_results("invariant_gemm", rows_out, {**meta, "seconds": time.perf_counter() - started})
+        write_results("invariant_gemm", rows_out, {**meta, "seconds": time.perf_counter() - started,
+                                                   "mma_instructions": mma_instructions()})
 
     weights = {}
     for model in args.models.split(","):
@@ -146,6 +152,16 @@ def main() -> None:
     meta["summary"] = summary
     save()
     print_table(summary, ["model", "part", "tile", "programs_per_sm", "invariant"] + [f"chosen_{m}" for m in rows_list])
+
+
+def mma_instructions() -> dict:
+    """For each compiled instance of the GEMM kernel: does its PTX use Hopper's wgmma or the older mma.sync?"""
+    found = {}
+    for entry in linear_triton_module._linear_kernel.device_caches.values():
+        for key, compiled in entry[0].items():
+            ptx = compiled.asm.get("ptx", "")
+            found[str(key)[-160:]] = {"wgmma": "wgmma" in ptx, "mma_sync": "mma.sync" in ptx}
+    return found
 
 
 def row_tile_family(weights, spec: str, rows_list: list[int], num_sms: int, calls: int) -> list[dict]:
