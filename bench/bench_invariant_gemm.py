@@ -73,20 +73,16 @@ def main() -> None:
     parser.add_argument("--models", default="7b,0.5b")
     parser.add_argument("--budget-s", type=float, default=480.0, help="stop starting candidates after this")
     parser.add_argument("--calls", type=int, default=10, help="calls per captured graph")
-    parser.add_argument("--w-tile-kn", action="store_true",
-                        help="the kernel loads its weight tile as [BLOCK_K, BLOCK_N] (linear_triton.W_TILE_KN)")
     parser.add_argument("--row-tiles", default="",
                         help="only the row-tile family: BLOCK_M:warps:stages,... beside the default tile, each "
                              "checked for the default's bits and timed (e.g. 64:4:4,128:4:4,128:8:4,256:8:3)")
     args = parser.parse_args()
     rows_list = [int(r) for r in args.rows.split(",")]
-    linear_triton_module.W_TILE_KN = args.w_tile_kn
     started = time.perf_counter()
     device = torch.device("cuda")
     num_sms = sm_count(device)
     rows_out: list[dict] = []
     meta = {"device": torch.cuda.get_device_name(device), "sms": num_sms, "rows": rows_list,
-            "w_tile_kn": args.w_tile_kn,
             "default_tile": tile_name(default_tile(torch.bfloat16))}
 
     def save():

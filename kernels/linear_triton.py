@@ -40,8 +40,6 @@ _PROGRAMS_PER_SM = 3
 _MIN_K_BLOCKS_PER_SPLIT = 4
 _MAX_SPLIT_K = 16
 _GOOD_FILL = 0.9
-# Experiment (bench_invariant_gemm --w-tile-kn): the weight tile loaded [BLOCK_K, BLOCK_N] instead of transposed.
-W_TILE_KN = False
 
 
 @dataclass(frozen=True)
@@ -133,24 +131,19 @@ def _finish(acc, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BIAS: t
 
 
 @triton.jit
-def _dot_k_range(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, k_lo, k_hi, BLOCK_M: tl.constexpr,
+def _dot_k_range(x_ptr, w_rows, offs_m, offs_n, M, N, K, stride_xm, k_lo, k_hi, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 INTERPRETER: tl.constexpr, W_TILE_KN: tl.constexpr):
+                 INTERPRETER: tl.constexpr):
     """The float32 sum over K columns [k_lo, k_hi) of the tile, from zero, BLOCK_K columns at a time in order."""
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         a = _load_rows(x_ptr, offs_m, offs_k, M, K, stride_xm)
-        if W_TILE_KN:  # the weight tile loaded as [BLOCK_K, BLOCK_N] (K contiguous in memory), fed to dot as is
-            b = tl.load(w_ptr + offs_n[None, :].to(tl.int64) * stride_wn + offs_k[:, None],
-                        mask=(offs_k[:, None] < K) & (offs_n[None, :] < N), other=0.0)
-        else:
-            b = tl.trans(tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :],
-                                 mask=(offs_n[:, None] < N) & (offs_k[None, :] < K), other=0.0))
+        b = tl.load(w_rows + offs_k[None, :], mask=(offs_n[:, None] < N) & (offs_k[None, :] < K), other=0.0)
         if INTERPRETER:  # the interpreter multiplies 16-bit operands as raw bits: give it their fp32 values
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        acc = tl.dot(a, tl.trans(b), acc, input_precision=DOT_PRECISION)  # wgmma on an H100 (the sweep checks)
     return acc
 
 
@@ -162,29 +155,28 @@ def _linear_kernel(
     M, N, K, stride_xm, stride_wn, stride_om, K_PER_SPLIT, SPLIT_K,
     SPLITS_IN_PROGRAM: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, INTERPRETER: tl.constexpr, W_TILE_KN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, INTERPRETER: tl.constexpr,
 ):
     # Row-tiles vary fastest: the programs that read the same weight tile run side by side (it stays in L2).
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
     if SPLITS_IN_PROGRAM:
         # Every split of K in this program, each summed from zero and added to the total in split order: the very
         # additions `_reduce_splits_kernel` makes, so the bits equal the side-by-side splits'.
-        acc = _dot_k_range(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, 0,
-                           tl.minimum(K_PER_SPLIT, K), BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, INTERPRETER,
-                           W_TILE_KN)
+        acc = _dot_k_range(x_ptr, w_rows, offs_m, offs_n, M, N, K, stride_xm, 0, tl.minimum(K_PER_SPLIT, K),
+                           BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, INTERPRETER)
         for split in range(1, SPLIT_K):
             k_lo = split * K_PER_SPLIT
-            acc = acc + _dot_k_range(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, k_lo,
+            acc = acc + _dot_k_range(x_ptr, w_rows, offs_m, offs_n, M, N, K, stride_xm, k_lo,
                                      tl.minimum(k_lo + K_PER_SPLIT, K), BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION,
-                                     INTERPRETER, W_TILE_KN)
+                                     INTERPRETER)
         _finish(acc, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BIAS, INTERPRETER)
     else:  # this program's split of K into partials [SPLIT_K, M, N] float32, added by `_reduce_splits_kernel`
         split = tl.program_id(2)
         k_lo = split * K_PER_SPLIT
-        acc = _dot_k_range(x_ptr, w_ptr, offs_m, offs_n, M, N, K, stride_xm, stride_wn, k_lo,
-                           tl.minimum(k_lo + K_PER_SPLIT, K), BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, INTERPRETER,
-                           W_TILE_KN)
+        acc = _dot_k_range(x_ptr, w_rows, offs_m, offs_n, M, N, K, stride_xm, k_lo,
+                           tl.minimum(k_lo + K_PER_SPLIT, K), BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, INTERPRETER)
         part = partial_ptr + (split * M + offs_m[:, None]).to(tl.int64) * N + offs_n[None, :]
         tl.store(part, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
@@ -232,7 +224,7 @@ def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         rows, weight, bias_arg, out, partial, m, n, k, rows.stride(0), weight.stride(0), out.stride(0),
         cfg.k_per_split, cfg.split_k, SPLITS_IN_PROGRAM=not side_by_side, HAS_BIAS=bias is not None,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT_PRECISION=precision,
-        INTERPRETER=interpreter, W_TILE_KN=W_TILE_KN, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        INTERPRETER=interpreter, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if side_by_side:
         block_m, block_n = 32, 128
