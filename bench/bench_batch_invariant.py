@@ -9,7 +9,7 @@ the default mode in the same process. Random-weight Qwen2.5 shapes, bf16 (models
    default mode's counts are reported beside them for contrast.
 2. Matmuls. The mode's GEMM (kernels/linear_triton.py) against cuBLAS (F.linear) on the 7B's and the 0.5B's weight
    shapes at 1 to 160 rows (a verification of k = 4 at batch 32), device time per call from CUDA-graph replays; and
-   with K unsplit, to see what the split buys. `--sweep` adds other tile shapes and splits (kernel compiles: minutes).
+   with K unsplit, to see what the split buys. Other tile shapes and splits: bench/bench_invariant_gemm.py.
 3. Speed. Target-only decoding and speculation (SYNTHETIC acceptance alpha = 0.7, k = 4: NOT lossless, a benchmark
    mode, services/target/synthetic_acceptance.py) in tokens/s at each of `--batches`, the two modes' engines run
    in turns; `mode_vs_default` = the mode's tokens/s / the default's (issue 30's goal: >= 0.85 at batch 1-32).
@@ -124,17 +124,12 @@ def correctness(target, draft, check_batches: list[int], max_tokens: int) -> dic
     return summary
 
 
-# --sweep: tile shapes (block_n, block_k, num_stages, num_warps) tried beside the chosen one, each unsplit, with the
-# chosen split and with twice it, at 1 and 32 rows of the 7B's shapes: data for kernels/linear_triton.gemm_config.
-SWEEP_TILES = ((64, 64, 4, 4), (64, 128, 3, 4), (128, 64, 4, 4), (128, 128, 3, 8))
-
-
-def matmuls(target, draft, sweep: bool, rows_list=(1, 8, 32, 160)) -> list[dict]:
+def matmuls(target, draft, rows_list=(1, 8, 32, 160)) -> list[dict]:
     """Device time per call (CUDA-graph replays) of each distinct weight shape, cuBLAS against the mode's GEMM."""
     import torch.nn.functional as F
     from bench_kernels import graph_us
     from specsplit.kernels.device import sm_count
-    from specsplit.kernels.linear_triton import GemmConfig, gemm_config, linear_triton
+    from specsplit.kernels.linear_triton import gemm_config, linear_triton
 
     rows_out = []
     for model_name, loaded in (("7b", target), ("0.5b", draft)):
@@ -157,23 +152,6 @@ def matmuls(target, draft, sweep: bool, rows_list=(1, 8, 32, 160)) -> list[dict]
                        **times, "mode_vs_cublas": times["cublas_us"] / times["mode_us"]}
                 rows_out.append(row)
                 log(row)
-            if not sweep or model_name != "7b":
-                continue
-            for block_n, block_k, stages, warps in SWEEP_TILES:
-                k_blocks = -(-k // block_k)
-                for split in sorted({1, chosen.split_k, min(2 * chosen.split_k, k_blocks)}):
-                    per_split = -(-k_blocks // split)
-                    splits = -(-k_blocks // per_split)
-                    cfg = GemmConfig(64, block_n, block_k, splits, per_split * block_k, warps, stages)
-                    for m in (1, 32):
-                        x = torch.randn(m, k, device=weight.device, dtype=weight.dtype)
-                        row = {"section": "matmul_sweep", "model": model_name, "layer": name, "rows": m,
-                               "tile": f"64x{block_n}x{block_k}", "stages": stages, "warps": warps,
-                               "split_k": cfg.split_k,
-                               "mode_us": graph_us(lambda: linear_triton(x, weight, bias, config=cfg), 20),
-                               "cublas_us": graph_us(lambda: F.linear(x, weight, bias), 20)}
-                        rows_out.append(row)
-                        log(row)
     return rows_out
 
 
@@ -231,7 +209,6 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per configuration; the median is kept")
     parser.add_argument("--skip-matmuls", action="store_true")
     parser.add_argument("--skip-correctness", action="store_true", help="speed only (correctness measured already)")
-    parser.add_argument("--sweep", action="store_true", help="also time other GEMM tile shapes and splits (slow)")
     args = parser.parse_args()
     bench_gpu_e2e.REPEATS = args.repeats
     started = time.perf_counter()
@@ -253,7 +230,7 @@ def main() -> None:
                                              args.check_tokens)  # saved after each mode, and with "passed" here
         save()
     if DEVICE != "cpu" and not args.skip_matmuls:
-        RESULTS["rows"] += matmuls(target, draft, args.sweep)
+        RESULTS["rows"] += matmuls(target, draft)
         save()
     RESULTS["rows"] += speed(target, draft, [int(b) for b in args.batches.split(",")], args.max_tokens)
     RESULTS["seconds"] = time.perf_counter() - started
