@@ -150,10 +150,13 @@ def _coordinating_flags(spec: DeploymentSpec, resources: Resources, busy_cores: 
     """What a coordinator is told wherever it runs (its own pod, or a target's, of those `resources`, where
     `busy_cores` other cores poll: the tensor-parallel ranks past the first)."""
     spin = [] if _requested_cores(resources) >= SPIN_WAIT_MIN_CORES + busy_cores else ["--spin-wait", "off"]
-    window = spec.coordinator.arrival_window_ms
-    return ["--http-port", str(naming.HTTP_PORT if spec.coordinator.http_port else -1),
+    coordinator = spec.coordinator
+    window = coordinator.arrival_window_ms
+    return ["--http-port", str(naming.HTTP_PORT if coordinator.http_port else -1),
             "--num-speculative-tokens", str(spec.num_speculative_tokens), *spin,
-            *(["--arrival-window-ms", f"{window:g}"] if window else [])]
+            *(["--arrival-window-ms", f"{window:g}"] if window else []),
+            *(["--max-num-seqs", str(coordinator.max_num_seqs)] if coordinator.max_num_seqs is not None else []),
+            *(["--max-waiting", str(coordinator.max_waiting)] if coordinator.max_waiting is not None else [])]
 
 
 def _requested_cores(resources: Resources) -> float:

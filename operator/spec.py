@@ -103,6 +103,10 @@ class CoordinatorSpec:
     colocated: bool = False
     # An idle coordinator's first prefill waits up to this long for a burst's requests (--arrival-window-ms); 0 = off.
     arrival_window_ms: float = 0.0
+    # Sequences decoding at once and requests waiting for a place (--max-num-seqs, --max-waiting); None: the
+    # coordinator's defaults.
+    max_num_seqs: int | None = None
+    max_waiting: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -474,7 +478,8 @@ def parse_spec(raw: Mapping[str, Any] | None, name: str | None = None) -> Deploy
                       "shards sums in an order chosen by the batch's size)")
 
     coordinator_fields = top.child("coordinator")
-    coordinator_fields.only("replicas", "resources", "port", "httpPort", "tls", "auth", "colocated", "arrivalWindowMs")
+    coordinator_fields.only("replicas", "resources", "port", "httpPort", "tls", "auth", "colocated", "arrivalWindowMs",
+                            "maxNumSeqs", "maxWaiting")
     public_tls = coordinator_fields.child("tls")
     public_tls.only("secretName")
     auth = coordinator_fields.child("auth")
@@ -488,6 +493,8 @@ def parse_spec(raw: Mapping[str, Any] | None, name: str | None = None) -> Deploy
         auth_token_secret_name=auth.name("tokenSecretName") if coordinator_fields.has("auth") else None,
         colocated=coordinator_fields.boolean("colocated", False),
         arrival_window_ms=coordinator_fields.number("arrivalWindowMs", 0.0, low=0.0, high=1000.0),
+        max_num_seqs=coordinator_fields.integer("maxNumSeqs", None, low=1, high=65536),
+        max_waiting=coordinator_fields.integer("maxWaiting", None, low=1, high=1048576),
     )
     if coordinator.colocated:
         _check_colocated(coordinator, coordinator_fields.has("resources"), errors)

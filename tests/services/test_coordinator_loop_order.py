@@ -177,6 +177,15 @@ def test_a_negative_arrival_window_is_refused(tiny_pair):
                     coordinator_config=CoordinatorConfig(arrival_window_seconds=-1.0))
 
 
+@pytest.mark.parametrize("limits", [{"max_num_seqs": 0}, {"max_waiting": 0}])
+def test_batch_limits_below_one_are_refused(tiny_pair, limits):
+    from specsplit.services.coordinator.coordinator import CoordinatorConfig
+
+    with pytest.raises(ValueError, match="max_num_seqs and max_waiting must be >= 1"):
+        LocalEngine(tiny_pair["target"], tiny_pair["close"], dtype="float64",
+                    coordinator_config=CoordinatorConfig(**limits))
+
+
 def test_the_arrival_window_is_a_coordinators_flag_in_milliseconds():
     from specsplit.cli import build_parser
     from specsplit.services.service_commands import _coordinator_options
