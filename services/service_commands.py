@@ -135,7 +135,8 @@ def add_coordinating_args(c) -> None:
     add_speculation_arg(c)
     c.add_argument("--max-num-seqs", type=int, default=256, help="sequences decoding at once (at least 1)")
     c.add_argument("--max-waiting", type=int, default=1024,
-                   help="admitted requests waiting for a place (at least 1); past that RESOURCE_EXHAUSTED (HTTP 429)")
+                   help="admitted requests waiting for a place; past that RESOURCE_EXHAUSTED (HTTP 429). 0: every "
+                   "new request is refused (a coordinator being drained)")
     c.add_argument("--arrival-window-ms", type=float, default=0.0,
                    help="an idle coordinator's first prefill waits up to this long for more requests while they keep "
                    "arriving (each within a quarter of it of the last), so a burst is prefilled in one step; costs a "
@@ -300,9 +301,9 @@ def _coordinator_options(args) -> dict:
 
     if args.arrival_window_ms < 0:
         raise SystemExit(f"specsplit: error: --arrival-window-ms must be >= 0, got {args.arrival_window_ms}")
-    for flag, value in (("--max-num-seqs", args.max_num_seqs), ("--max-waiting", args.max_waiting)):
-        if value < 1:
-            raise SystemExit(f"specsplit: error: {flag} must be >= 1, got {value}")
+    for flag, value, low in (("--max-num-seqs", args.max_num_seqs, 1), ("--max-waiting", args.max_waiting, 0)):
+        if value < low:
+            raise SystemExit(f"specsplit: error: {flag} must be >= {low}, got {value}")
     config = CoordinatorConfig(
         num_speculative_tokens=args.num_speculative_tokens,
         speculation=args.speculation,

@@ -76,8 +76,8 @@ class Coordinator:
         self.telemetry = CoordinatorTelemetry(self)  # request spans and worker-call timings
         if self.config.arrival_window_seconds < 0:
             raise ValueError(f"the arrival window must be >= 0 seconds, not {self.config.arrival_window_seconds}")
-        if self.config.max_num_seqs < 1 or self.config.max_waiting < 1:  # 0 would refuse or stall every request
-            raise ValueError(f"max_num_seqs and max_waiting must be >= 1, not {self.config.max_num_seqs} and "
+        if self.config.max_num_seqs < 1 or self.config.max_waiting < 0:  # no sequence could ever run
+            raise ValueError(f"max_num_seqs must be >= 1 and max_waiting >= 0, not {self.config.max_num_seqs} and "
                              f"{self.config.max_waiting}")
         if self.config.speculation not in SPECULATION_MODES:
             raise ValueError(f"speculation must be one of {', '.join(SPECULATION_MODES)}, not {self.config.speculation!r}")

@@ -36,8 +36,9 @@ def test_a_limit_below_one_is_refused_by_the_chart(key):
         render({"coordinator": {key: 0}})
 
 
-@pytest.mark.parametrize("flag", ["--max-num-seqs", "--max-waiting"])
-def test_a_limit_below_one_is_refused_by_the_cli(flag):
-    args = build_parser().parse_args(["coordinator", "--target", "127.0.0.1:1", flag, "0"])
-    with pytest.raises(SystemExit, match=f"{flag} must be >= 1"):
+@pytest.mark.parametrize("flag, value, low", [("--max-num-seqs", "0", 1), ("--max-waiting", "-1", 0)])
+def test_a_limit_below_its_floor_is_refused_by_the_cli(flag, value, low):
+    # --max-waiting 0 stays a coordinator that refuses every new request (tests/e2e/test_openai_http.py's "full")
+    args = build_parser().parse_args(["coordinator", "--target", "127.0.0.1:1", flag, value])
+    with pytest.raises(SystemExit, match=f"{flag} must be >= {low}"):
         _coordinator_options(args)

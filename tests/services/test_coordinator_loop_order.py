@@ -177,11 +177,11 @@ def test_a_negative_arrival_window_is_refused(tiny_pair):
                     coordinator_config=CoordinatorConfig(arrival_window_seconds=-1.0))
 
 
-@pytest.mark.parametrize("limits", [{"max_num_seqs": 0}, {"max_waiting": 0}])
-def test_batch_limits_below_one_are_refused(tiny_pair, limits):
+@pytest.mark.parametrize("limits", [{"max_num_seqs": 0}, {"max_waiting": -1}])
+def test_batch_limits_that_no_request_could_pass_are_refused(tiny_pair, limits):
     from specsplit.services.coordinator.coordinator import CoordinatorConfig
 
-    with pytest.raises(ValueError, match="max_num_seqs and max_waiting must be >= 1"):
+    with pytest.raises(ValueError, match="max_num_seqs must be >= 1 and max_waiting >= 0"):
         LocalEngine(tiny_pair["target"], tiny_pair["close"], dtype="float64",
                     coordinator_config=CoordinatorConfig(**limits))
 
