@@ -83,8 +83,7 @@ def main() -> None:
     num_sms = sm_count(device)
     rows_out: list[dict] = []
     meta = {"device": torch.cuda.get_device_name(device), "sms": num_sms, "rows": rows_list,
-            "default_tiles": {f"{model} {layer}": tile_name(default_tile(n, torch.bfloat16))
-                              for model in SHAPES for layer, (n, _) in SHAPES[model].items()}}
+            "default_tile": tile_name(default_tile(torch.bfloat16))}
 
     def save():
         write_results("invariant_gemm", rows_out, {**meta, "seconds": time.perf_counter() - started,

@@ -63,18 +63,8 @@ class GemmConfig:
     num_stages: int
 
 
-# 16-bit weights at most this many rows (N) long take 128-wide K steps (see default_tile).
-_NARROW_N = 2048
-
-
-def default_tile(n: int, dtype: torch.dtype) -> Tile:
-    """The tile for an [N, K] weight. 16-bit: 64 x 64 x 64 with 4 stages; a narrow weight (N <= _NARROW_N: few
-    column tiles, so its work is split along K) takes 128-wide K steps, half the loop iterations per split: the 0.5B
-    draft's qkv, o and down ran at 0.81 of cuBLAS's speed at 32 rows against 0.62 with 64, 0.90 against 0.83 at one
-    row, while the 7B's wide weights ran faster with 64 at few rows (bench/results/invariant_gemm_h100.json)."""
-    if dtype == torch.float32:
-        return Tile(64, 64, 32, 4, 3)
-    return Tile(64, 64, 128, 4, 3) if n <= _NARROW_N else Tile(64, 64, 64, 4, 4)
+def default_tile(dtype: torch.dtype) -> Tile:
+    return Tile(64, 64, 32, 4, 3) if dtype == torch.float32 else Tile(64, 64, 64, 4, 4)
 
 
 def _split_score(programs: int, num_sms: int, slots: int) -> float:
@@ -94,7 +84,7 @@ def gemm_config(n: int, k: int, dtype: torch.dtype, num_sms: int, *, tile: Tile 
     K is split only for layers with fewer column tiles than SMs (a wider layer fills the device by its columns):
     into the fewest splits whose programs fill their waves' slots (`programs_per_sm` per SM) to _GOOD_FILL, else the
     split that fills them best."""
-    tile = tile or default_tile(n, dtype)
+    tile = tile or default_tile(dtype)
     tiles_n = triton.cdiv(n, tile.block_n)
     k_blocks = triton.cdiv(k, tile.block_k)
     split = 1
