@@ -14,9 +14,10 @@ What makes a row's result independent of its batch (the number of rows M, the ro
   additions in the same order: the same bits.
 
 Why split K at all: decode has few rows, so a layer with few column tiles (the 7B's o_proj: 56 tiles of 64 columns
-on 132 SMs) would leave most SMs idle while a few stream the whole weight. The split is chosen so that one row-tile
-gives about three programs per SM (as many as fit at once), and then kept for every M. At many rows the row-tiles
-fill the SMs themselves, and the splits run inside each program (no partials to write and read back).
+on 132 SMs) would leave most SMs idle while a few stream the whole weight. The split is chosen for one row-tile
+(`gemm_config`: the fewest splits whose programs fill their waves of three programs per SM, as many as fit at once)
+and then kept for every M. At many rows the row-tiles fill the SMs themselves, and the splits run inside each
+program (no partials to write and read back).
 
 Fusion points, for later (not implemented): `_load_rows` is where an input prologue goes (RMSNorm of the rows:
 scale the x tile by each row's precomputed rstd and the norm weight's K slice), `_finish` where an output epilogue
