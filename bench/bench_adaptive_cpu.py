@@ -16,6 +16,7 @@ the draft's prefills and probes.
 
 import argparse
 import asyncio
+import gc
 import os
 import sys
 import tempfile
@@ -101,7 +102,8 @@ def main() -> None:
     parser.add_argument("--name", default="adaptive_unrelated_cpu")
     parser.add_argument("--interleave", type=int, default=1,
                         help="both systems loaded (in process, then as services), N timed runs each taking turns, "
-                        "the medians (the real target twice needs ~13 GB)")
+                        "the medians (the real target twice: ~19 GB at its peak in one process, too much beside the services on a "
+                        "24 GB machine: the run was killed for memory there)")
     args = parser.parse_args()
     if args.tiny:
         sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
@@ -132,17 +134,20 @@ def main() -> None:
         rows.append({**row("in-process adaptive, unrelated draft", spec_seconds, results),
                      "runs_s": [x[0] for x in runs["adaptive"]]})
         del alone, engine
+        gc.collect()  # engines sit in reference cycles: free their weights before the services load theirs
     else:
         alone = LocalEngine(str(target_dir), None, num_speculative_tokens=0)
         timed_in_process(alone, [warm], 8)
         seconds, baseline = timed_in_process(alone, timed, args.tokens)
         rows.append(row("in-process target-only", seconds, baseline))
         del alone
+        gc.collect()
         engine = LocalEngine(str(target_dir), str(draft_dir), num_speculative_tokens=4)  # adaptive by default
         timed_in_process(engine, [warm], args.tokens)
         seconds, results = timed_in_process(engine, timed, args.tokens)
         rows.append(row("in-process adaptive, unrelated draft", seconds, results))
         del engine
+        gc.collect()
     assert [r.token_ids for r in results] == [r.token_ids for r in baseline]  # exact whatever k was
 
     if args.interleave > 1:
