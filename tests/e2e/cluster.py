@@ -42,10 +42,15 @@ class Cluster:
         """Start named services in parallel: {name: specsplit argv}, with `env` added to this process's."""
         environment = {**os.environ, **env} if env else None
         with ThreadPoolExecutor(len(specs)) as pool:
-            started = dict(zip(specs, pool.map(lambda argv: spawn_service(argv, environment), specs.values())))
-        for name, (process, address) in started.items():
-            self.processes[name] = process
-            self.addresses[name] = address
+            starts = {name: pool.submit(spawn_service, argv, environment) for name, argv in specs.items()}
+        failures = []
+        for name, start in starts.items():
+            try:
+                self.processes[name], self.addresses[name] = start.result()
+            except Exception as error:  # the others started: kept, so that stop() stops them
+                failures.append(error)
+        if failures:
+            raise failures[0]
 
     def metrics_url(self, name: str) -> str:
         """http://HOST:PORT of a service started with --metrics-port (it prints where before listening)."""
