@@ -91,6 +91,15 @@ def operator_objects(cr: dict[str, Any]) -> list[dict[str, Any]]:
     return build_objects(owner, spec, plan)
 
 
+def coordinator_command(objects: list[dict[str, Any]], colocated: bool) -> list[str]:
+    """The command of the container the coordinator runs in, among the operator's objects: its own Deployment's, or
+    the target pods' when co-located."""
+    suffix = "-target" if colocated else "-coordinator"
+    deployment = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"].endswith(suffix))
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container["command"]
+
+
 def pod_templates(manifests: list[Manifest]) -> dict[str, dict[str, Any]]:
     """Every pod a release runs, by Deployment name: the operator's (rendered by the chart) and, when the chart
     makes a SpeculativeDeployment, the coordinator's and the pools' (built by the operator from it)."""

@@ -4,26 +4,19 @@ every target pod when co-located), as the real CLI parses it."""
 
 import pytest
 
-from chart_render import operator_objects, render, speculative_deployment
+from chart_render import coordinator_command, operator_objects, render, speculative_deployment
 from specsplit.cli import build_parser
-
-
-def _coordinator_command(objects, colocated: bool) -> list[str]:
-    suffix = "-target" if colocated else "-coordinator"
-    deployment = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"].endswith(suffix))
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    return container["command"]
 
 
 @pytest.mark.parametrize("colocated", [False, True])
 def test_the_window_reaches_the_coordinator_only_where_set(colocated):
     default = speculative_deployment(render({"coordinator": {"colocated": colocated}}))
     assert "arrivalWindowMs" not in default["spec"]["coordinator"]
-    assert "--arrival-window-ms" not in _coordinator_command(operator_objects(default), colocated)
+    assert "--arrival-window-ms" not in coordinator_command(operator_objects(default), colocated)
 
     cr = speculative_deployment(render({"coordinator": {"colocated": colocated, "arrivalWindowMs": 2.5}}))
     assert cr["spec"]["coordinator"]["arrivalWindowMs"] == 2.5
-    command = _coordinator_command(operator_objects(cr), colocated)
+    command = coordinator_command(operator_objects(cr), colocated)
     assert build_parser().parse_args(command[1:]).arrival_window_ms == 2.5  # the flag _coordinator_options reads
 
 

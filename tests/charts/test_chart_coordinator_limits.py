@@ -4,29 +4,22 @@ runs (its own pods, or every target pod when co-located), as the real CLI parses
 
 import pytest
 
-from chart_render import operator_objects, render, speculative_deployment
+from chart_render import coordinator_command, operator_objects, render, speculative_deployment
 from specsplit.cli import build_parser
 from specsplit.services.service_commands import _coordinator_options
-
-
-def _coordinator_command(objects, colocated: bool) -> list[str]:
-    suffix = "-target" if colocated else "-coordinator"
-    deployment = next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"].endswith(suffix))
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    return container["command"]
 
 
 @pytest.mark.parametrize("colocated", [False, True])
 def test_the_limits_reach_the_coordinator_only_where_set(colocated):
     default = speculative_deployment(render({"coordinator": {"colocated": colocated}}))
     assert not {"maxNumSeqs", "maxWaiting"} & set(default["spec"]["coordinator"])
-    command = _coordinator_command(operator_objects(default), colocated)
+    command = coordinator_command(operator_objects(default), colocated)
     assert "--max-num-seqs" not in command and "--max-waiting" not in command
 
     cr = speculative_deployment(render({"coordinator": {"colocated": colocated, "maxNumSeqs": 48,
                                                         "maxWaiting": 200}}))
     assert (cr["spec"]["coordinator"]["maxNumSeqs"], cr["spec"]["coordinator"]["maxWaiting"]) == (48, 200)
-    args = build_parser().parse_args(_coordinator_command(operator_objects(cr), colocated)[1:])
+    args = build_parser().parse_args(coordinator_command(operator_objects(cr), colocated)[1:])
     assert (args.max_num_seqs, args.max_waiting) == (48, 200)  # the flags _coordinator_options reads
 
 
