@@ -7,22 +7,19 @@ the default mode in the same process. Random-weight Qwen2.5 shapes, bf16 (models
    tokens in the mode; so must adaptive k at the largest batch, and the 7B drafting for itself must have every
    proposal accepted (the draft's one-row steps and the target's k+1-row verification agree bit for bit). The
    default mode's counts are reported beside them for contrast.
-2. Matmuls. The mode's GEMM (kernels/linear_triton.py) against cuBLAS (F.linear) on the 7B's and the 0.5B's weight
-   shapes at 1 to 160 rows (a verification of k = 4 at batch 32), device time per call from CUDA-graph replays; and
-   with K unsplit, to see what the split buys. Other tile shapes and splits: bench/bench_invariant_gemm.py.
-3. Speed. Target-only decoding and speculation (SYNTHETIC acceptance alpha = 0.7, k = 4: NOT lossless, a benchmark
+2. Speed. Target-only decoding and speculation (SYNTHETIC acceptance alpha = 0.7, k = 4: NOT lossless, a benchmark
    mode, services/target/synthetic_acceptance.py) in tokens/s at each of `--batches`, the two modes' engines run
    in turns; `mode_vs_default` = the mode's tokens/s / the default's (issue 30's goal: >= 0.85 at batch 1-32).
 
 Writes $OUT/batch_invariant.json (else bench/results/). From the repository root, one GPU:
     python3 bench/bench_batch_invariant.py [--batches 1,8,32] [--check-batches 1,8,32,64]
-A smoke run on the CPU (tiny models, no matmul section): SPECSPLIT_BENCH_DEVICE=cpu SPECSPLIT_BENCH_VOCAB=257
+The mode's GEMM against cuBLAS per weight shape: bench/bench_invariant_gemm.py.
+A smoke run on the CPU (tiny models): SPECSPLIT_BENCH_DEVICE=cpu SPECSPLIT_BENCH_VOCAB=257
     python3 bench/bench_batch_invariant.py --target-size tiny --draft-size tiny --check-batches 1,4 --batches 1
 """
 
 import argparse
 import asyncio
-import dataclasses
 import gc
 import sys
 import time
@@ -124,37 +121,6 @@ def correctness(target, draft, check_batches: list[int], max_tokens: int) -> dic
     return summary
 
 
-def matmuls(target, draft, rows_list=(1, 8, 32, 160)) -> list[dict]:
-    """Device time per call (CUDA-graph replays) of each distinct weight shape, cuBLAS against the mode's GEMM."""
-    import torch.nn.functional as F
-    from bench_kernels import graph_us
-    from specsplit.kernels.device import sm_count
-    from specsplit.kernels.linear_triton import gemm_config, linear_triton
-
-    rows_out = []
-    for model_name, loaded in (("7b", target), ("0.5b", draft)):
-        layer = loaded.model.model.layers[0]
-        layers = {"qkv_proj": layer.self_attn.qkv_proj, "o_proj": layer.self_attn.o_proj,
-                  "gate_up_proj": layer.mlp.gate_up_proj, "down_proj": layer.mlp.down_proj,
-                  "lm_head": loaded.model.lm_head}
-        for name, linear in layers.items():
-            weight, bias = linear.weight, linear.bias
-            n, k = weight.shape
-            chosen = gemm_config(n, k, weight.dtype, sm_count(weight.device))
-            unsplit = dataclasses.replace(chosen, split_k=1, k_per_split=-(-k // chosen.block_k) * chosen.block_k)
-            for m in rows_list:
-                x = torch.randn(m, k, device=weight.device, dtype=weight.dtype)
-                times = {"cublas_us": graph_us(lambda: F.linear(x, weight, bias), 20),
-                         "mode_us": graph_us(lambda: linear_triton(x, weight, bias), 20),
-                         "mode_unsplit_us": graph_us(lambda: linear_triton(x, weight, bias, config=unsplit), 20)}
-                row = {"section": "matmul", "model": model_name, "layer": name, "n": n, "k": k, "rows": m,
-                       "split_k": chosen.split_k, "tile": f"{chosen.block_m}x{chosen.block_n}x{chosen.block_k}",
-                       **times, "mode_vs_cublas": times["cublas_us"] / times["mode_us"]}
-                rows_out.append(row)
-                log(row)
-    return rows_out
-
-
 def speed(target, draft, batches: list[int], max_tokens: int) -> list[dict]:
     engines = {mode: engine(target, draft, mode) for mode in (False, True)}
     for mode, eng in engines.items():  # first calls compile kernels and capture graphs
@@ -207,7 +173,6 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per configuration; the median is kept")
-    parser.add_argument("--skip-matmuls", action="store_true")
     parser.add_argument("--skip-correctness", action="store_true", help="speed only (correctness measured already)")
     args = parser.parse_args()
     bench_gpu_e2e.REPEATS = args.repeats
@@ -229,9 +194,6 @@ def main() -> None:
         RESULTS["correctness"] = correctness(target, draft, [int(b) for b in args.check_batches.split(",")],
                                              args.check_tokens)  # saved after each mode, and with "passed" here
         save()
-    if DEVICE != "cpu" and not args.skip_matmuls:
-        RESULTS["rows"] += matmuls(target, draft)
-        save()
     RESULTS["rows"] += speed(target, draft, [int(b) for b in args.batches.split(",")], args.max_tokens)
     RESULTS["seconds"] = time.perf_counter() - started
     save()
@@ -239,9 +201,6 @@ def main() -> None:
     print(f"\ncorrectness: {RESULTS.get('correctness', 'not run (--skip-correctness)')}")
     print_table([r for r in RESULTS["rows"] if r["section"] == "correctness"],
                 ["mode", "batch", "run", "equal_to_target_alone", "sequences", "accepted_per_drafted"])
-    if any(r["section"] == "matmul" for r in RESULTS["rows"]):
-        print_table([r for r in RESULTS["rows"] if r["section"] == "matmul"],
-                    ["model", "layer", "rows", "split_k", "cublas_us", "mode_us", "mode_unsplit_us", "mode_vs_cublas"])
     print_table([r for r in RESULTS["rows"] if r["section"] == "speed"],
                 ["run", "batch", "mode", "tokens_per_s_total", "mode_vs_default"])
     print(f"total {RESULTS['seconds']:.0f}s")
