@@ -13,9 +13,10 @@ and TensorRT-LLM's custom all-reduces do). Modes (SPECSPLIT_TP_ALL_REDUCE, or Dr
   launch of kernels/all_reduce_rms_norm_triton.py sums the ranks' rows, adds the residual and normalises.
 - "auto": "symm" where it is available, else "nccl".
 
-"symm", "fused" and "auto" are opt-in and unverified on a GPU: on torch 2.11 the one-shot op resolves the replica's
-group through c10d's registry, where the directly built NCCL group is not, so its rendezvous fails and every rank
-falls back to NCCL; no benchmark has shown either faster than NCCL.
+"symm", "fused" and "auto" are opt-in until a GPU run shows them faster than NCCL. Torch's one-shot op and its
+symmetric-memory rendezvous find a group by name in c10d's registry, where a directly built NCCL backend is not:
+`PeerBuffers` registers the replica's model group under its buffers' name (`register_named_group`; without it, on
+torch 2.11, the rendezvous failed on every rank and every rank fell back to NCCL).
 
 Messages above PEER_MAX_BYTES (prefill chunks) go to NCCL in every mode: there bandwidth counts, and NCCL's ring
 has more of it than one rank reading all the others.
@@ -161,6 +162,8 @@ class PeerBuffers:
         if group.rank == 0:
             group.store.set("symm_name", f"specsplit-tp-{uuid.uuid4().hex[:12]}")
         self.name = group.store.get("symm_name").decode()
+        self.named_group = register_named_group(self.name, group.model_group, group.store, group.rank,
+                                                group.world_size, device)
         _SymmetricMemory.set_group_info(self.name, group.rank, group.world_size,
                                         dist.PrefixStore(f"symm/{self.name}", group.store))
         if hasattr(symm_mem, "set_backend"):
@@ -190,6 +193,23 @@ class PeerBuffers:
         with torch.cuda.device(partial.device):
             return all_reduce_add_rms_norm_triton(partial, residual, weight, eps, self.slot_ptrs[slot],
                                                   self.pad_ptrs, self.group.rank, self.group.world_size, max_spins)
+
+
+def register_named_group(name: str, backend, store, rank: int, world_size: int,
+                         device: torch.device) -> dist.ProcessGroup:
+    """Register `backend` (a ProcessGroupNCCL or gloo backend built directly on a store) in c10d's registry as a
+    ProcessGroup called `name`, as `dist.new_group` would: torch's ops that take a group name resolve it there.
+    The registry holds it weakly: keep the returned group as long as the name is used."""
+    from torch._C._distributed_c10d import _register_process_group
+
+    backend_type = (dist.ProcessGroup.BackendType.NCCL if device.type == "cuda"
+                    else dist.ProcessGroup.BackendType.GLOO)
+    group = dist.ProcessGroup(store, rank, world_size)
+    group._set_default_backend(backend_type)
+    group._register_backend(device, backend_type, backend)
+    group._set_group_name(name)
+    _register_process_group(name, group)
+    return group
 
 
 def _symmetric_empty(symm_mem, symmetric_memory, nbytes: int, device: torch.device, name: str) -> torch.Tensor:

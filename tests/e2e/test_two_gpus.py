@@ -2,8 +2,7 @@
 2-GPU machine runs it):
 - tensor parallelism over NCCL: a target at degree 2 (ranks on cuda:0 and cuda:1) gives the degree-1 target's greedy
   tokens and seeded samples, target-only and speculative (draft at degree 1); and so should the peer-to-peer
-  all-reduces over NVLink (torch's one-shot over symmetric memory, our fused all-reduce + RMSNorm kernel: expected
-  to fail until the replica's group is registered with c10d);
+  all-reduces over NVLink (torch's one-shot over symmetric memory, our fused all-reduce + RMSNorm kernel);
 - overlapped rounds across the split over real processes: target on cuda:0, draft on cuda:1, a coordinator with
   --overlap on and one with --overlap off give the target alone's greedy tokens and the same seeded samples.
 """
@@ -56,8 +55,6 @@ def test_nccl_degree_two_gives_the_degree_one_tokens(tiny_pair, degree_one):
     assert sharded["spec_sampled"] == degree_one["spec_sampled"]
 
 
-@pytest.mark.xfail(strict=False, reason="symm/fused unverified: on torch 2.11 the symmetric-memory rendezvous cannot "
-                   "resolve the replica's NCCL group (never registered with c10d), so use_all_reduce falls back to nccl")
 def test_peer_to_peer_all_reduces_give_the_degree_one_tokens(tiny_pair, degree_one):
     engine = LocalEngine(str(tiny_pair["target"]), str(tiny_pair["close"]), num_speculative_tokens=4,
                          dtype="float32", device="cuda", speculation="fixed", target_tensor_parallel_size=2)
