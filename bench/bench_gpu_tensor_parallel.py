@@ -654,7 +654,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--alpha", type=float, default=0.7)
     parser.add_argument("--kv-gib", type=float, default=2.0, help="KV cache of each 70b worker rank")
-    parser.add_argument("--big-mode", default="nccl", help="the 70b target's all-reduce mode (nccl, symm, fused)")
+    parser.add_argument("--big-mode", default="auto", help="the 70b target's all-reduce mode (auto, nccl, symm, fused)")
     parser.add_argument("--big-degrees", default="2", help="the 70b target's tensor-parallel degrees, e.g. 4,2")
     parser.add_argument("--big-alphas", default="0.7,0.9", help="the 70b part's synthetic alphas (the first: every "
                         "batch and the identity outputs; the others: batch 1)")

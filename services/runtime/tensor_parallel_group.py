@@ -79,7 +79,7 @@ class TensorParallelGroup:
         return self.rank == 0
 
     def use_all_reduce(self, mode: str | None = None) -> str:
-        """Collective: the all-reduce every rank uses from now on (SPECSPLIT_TP_ALL_REDUCE, default "nccl");
+        """Collective: the all-reduce every rank uses from now on (SPECSPLIT_TP_ALL_REDUCE, default "auto");
         returns the mode all ranks could agree on. Graphs captured before hold the old one (drop them)."""
         return self.all_reduce.use(mode or os.environ.get(MODE_ENV, DEFAULT_MODE))
 

@@ -8,11 +8,13 @@
 """
 
 import asyncio
+import time
 
 import pytest
 import torch
 
 from specsplit.services.local_engine import LocalEngine
+from specsplit.services.runtime.tensor_parallel_all_reduce import MODE_ENV
 from cluster import Cluster, generate_concurrently
 from engine_runs import generate_tokens
 
@@ -44,7 +46,10 @@ def degree_one(tiny_pair):
                                dtype="float32", device="cuda", speculation="fixed"))
 
 
-def test_nccl_degree_two_gives_the_degree_one_tokens(tiny_pair, degree_one):
+def test_nccl_degree_two_gives_the_degree_one_tokens(tiny_pair, degree_one, monkeypatch):
+    # NCCL by name: the default ("auto") would set up peer buffers here, and a process sets them up once for the
+    # replica whose rank 0 it holds first (runtime/tensor_parallel_all_reduce.py): the next test's.
+    monkeypatch.setenv(MODE_ENV, "nccl")
     sharded = outputs(LocalEngine(str(tiny_pair["target"]), str(tiny_pair["close"]), num_speculative_tokens=4,
                                   dtype="float32", device="cuda", speculation="fixed",
                                   target_tensor_parallel_size=2))
@@ -59,11 +64,26 @@ def test_peer_to_peer_all_reduces_give_the_degree_one_tokens(tiny_pair, degree_o
     engine = LocalEngine(str(tiny_pair["target"]), str(tiny_pair["close"]), num_speculative_tokens=4,
                          dtype="float32", device="cuda", speculation="fixed", target_tensor_parallel_size=2)
     try:
+        assert engine.target_runner.group.all_reduce.mode == "fused"  # the default, where it runs
         for mode in ("symm", "fused"):
             assert engine.target_runner.use_all_reduce(mode) == mode  # both GPUs reach each other over NVLink
             assert generate(engine, 0) == degree_one["greedy"], mode
             assert generate(engine, 4) == degree_one["greedy"], mode
             assert generate(engine, 4, 0.8) == degree_one["spec_sampled"], mode
+    finally:
+        asyncio.run(engine.close())
+
+
+def test_a_second_replica_led_from_the_same_process_uses_nccl_without_waiting(tiny_pair, degree_one):
+    """torch's rendezvous numbers its keys per process: this process set up peer buffers for the previous test's
+    replica, its new followers never did, so the ranks must agree on NCCL at once instead of waiting on the store."""
+    started = time.monotonic()
+    engine = LocalEngine(str(tiny_pair["target"]), str(tiny_pair["close"]), num_speculative_tokens=4,
+                         dtype="float32", device="cuda", speculation="fixed", target_tensor_parallel_size=2)
+    try:
+        assert engine.target_runner.group.all_reduce.mode == "nccl"
+        assert time.monotonic() - started < 60  # the store's wait would have taken 120 s
+        assert generate(engine, 4) == degree_one["greedy"]
     finally:
         asyncio.run(engine.close())
 
