@@ -50,7 +50,7 @@ MODE_ENV = "SPECSPLIT_TP_ALL_REDUCE"
 MODES = ("auto", "nccl", "symm", "fused")
 DEFAULT_MODE = "auto"
 PEER_MAX_BYTES = int(os.environ.get("SPECSPLIT_TP_PEER_MAX_BYTES", 1 << 20))
-CHECK_MAX_SPINS = 1 << 20  # a second or so of polling a flag over NVLink: the check's barrier then gives up
+CHECK_MAX_SPINS = 1 << 24  # ~10-30 s of polling a flag over NVLink (ranks compile the kernel apart): then it gives up
 _PEER_DTYPES = (torch.bfloat16, torch.float32)  # what torch's one-shot kernels take
 _peer_setups = 0  # symmetric-memory setups this process has started (PeerBuffers): see the module's docstring
 

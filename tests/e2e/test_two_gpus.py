@@ -82,7 +82,9 @@ def test_a_second_replica_led_from_the_same_process_uses_nccl_without_waiting(ti
                          dtype="float32", device="cuda", speculation="fixed", target_tensor_parallel_size=2)
     try:
         assert engine.target_runner.group.all_reduce.mode == "nccl"
-        assert time.monotonic() - started < 60  # the store's wait would have taken 120 s
+        # Starting the engine takes ~60 s on the lent 2x H200 (loads, graph captures): waiting for the other
+        # rank's rendezvous keys would add the store's 120 s timeout, then NCCL's watchdog would end the ranks.
+        assert time.monotonic() - started < 115
         assert generate(engine, 4) == degree_one["greedy"]
     finally:
         asyncio.run(engine.close())
