@@ -67,6 +67,7 @@ def run_list(args: argparse.Namespace) -> int:
 def print_layout_choices() -> None:
     """The weight layouts measured on this machine (services/models/layout_calibration.py), one line each."""
     from specsplit.services.models.layout_calibration import cached_choices_for_this_machine, cpu_model
+    from specsplit.services.models.weight_formats import DUAL_DENSE_ROWS
 
     choices = cached_choices_for_this_machine()
     if not choices:
@@ -80,7 +81,8 @@ def print_layout_choices() -> None:
         load = f", load {entry['load_avg_1m']:.1f}" if "load_avg_1m" in entry else ""
         layout = entry.get("layout")
         if layout == "dual":
-            layout += f" (dense up to {entry.get('dense_rows')} rows, packed above)"
+            one_row = ", ".join(f"{name} {value:.1f} ms" for name, value in sorted(entry.get("one_row_ms", {}).items()))
+            layout += f" (dense up to {DUAL_DENSE_ROWS} rows, packed above; one row: {one_row or 'not timed'})"
         print(f"  {entry.get('model')} {entry.get('role')} (rows {rows}, {entry.get('threads')} threads): "
               f"{layout}  [matmuls per round: {ms}; measured {entry.get('date', '?')}{load}]")
 

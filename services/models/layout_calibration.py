@@ -4,9 +4,12 @@ CPUs differ: one row through a dense float32 matmul is fastest on one Xeon, oneD
 faster on an AMD EPYC of the same size. So "auto" on a float32 CPU model is decided by timing the candidate layouts
 (weight_formats.py) on the model's own matmul shapes and the row counts its role runs:
 - target: dense and packed float32 only (the target stays exact: its layouts differ in the last bits at most);
-  1 row per sequence when it decodes alone, k+1 when it verifies k proposals. "auto" never takes the dual layout
-  (both, twice the memory of the linear weights: weight_formats.py); it is asked for with `--target-weights dual`,
-  and a warning says so where the memory for its second copy looks short (room_for_dual).
+  1 row per sequence when it decodes alone, k+1 when it verifies k proposals. A speculating target also runs
+  one-row steps, whenever the speculation policy finds its draft does not pay (every round, with a draft that never
+  agrees): where packed wins its verifications and dense its one-row steps by MARGIN, and its checkpoint's float32
+  file can be mapped as the dense half (no second copy in memory: weight_formats.py, mapped_weights.py), "auto"
+  takes the dual layout (`choose_dual`). A dual layout that would copy the dense weights is only taken when asked
+  for (`--target-weights dual`), with a warning where the memory for the copy looks short (room_for_dual).
 - draft: dense, packed, int8, and bf16 where the CPU multiplies bf16 natively; its precision never changes the
   output (the target verifies every token), only how fast it drafts and how much of it is accepted.
 
@@ -37,6 +40,7 @@ from specsplit.services.models.weight_formats import (
     LINEAR_LAYOUTS,
     _int8_available,
     extra_bytes,
+    mapped_checkpoint,
     resolve_weight_format,
     use_weight_format,
 )
@@ -68,6 +72,7 @@ class LayoutChoice:
     seconds: float = 0.0  # what the measurement took (0 when read from the cache or not measured)
     source: str = "measured"  # measured | cached | requested | defaults | held
     default: str | None = None  # the role's default layout, kept when no other was MARGIN faster
+    one_row_ms: dict[str, float] = field(default_factory=dict)  # a speculating target's one-row steps (choose_dual)
 
     def describe(self, model: str) -> str:
         """One line: what was chosen for what, and why."""
@@ -78,8 +83,13 @@ class LayoutChoice:
             return f"{head} ({self.source})"
         others = ", ".join(f"{name} {ms:.1f} ms" for name, ms in sorted(self.ms.items(), key=lambda kv: kv[1]))
         how = f"measured in {self.seconds:.1f} s" if self.source == "measured" else self.source
-        why = "the fastest" if self.layout == min(self.ms, key=self.ms.get) else (
-            f"the default, none other {MARGIN:.0%} faster")
+        if self.layout == "dual":
+            one_row = ", ".join(f"{name} {ms:.1f} ms" for name, ms in sorted(self.one_row_ms.items()))
+            why = f"packed verifies fastest, dense steps one row fastest ({one_row}); dense half mapped from the file"
+        elif self.layout == min(self.ms, key=self.ms.get):
+            why = "the fastest"
+        else:
+            why = f"the default, none other {MARGIN:.0%} faster"
         return (f"{head} ({why}) - matmuls per round: {others} ({how} on {cpu_model()}, "
                 f"{torch.get_num_threads()} threads)")
 
@@ -140,10 +150,14 @@ def choose_layout(loaded, requested: str, role: str, rows: dict[int, float], tim
     if os.environ.get(LAYOUTS_ENV, "calibrate") == "defaults" or len(candidates) == 1:
         return LayoutChoice(default_layout(role, rows), role, rows, source="defaults")
     cache_file = cache_file or default_cache_file()
-    key = cache_key(loaded, role, rows)
+    dual_possible = role == "target" and min(rows) > DUAL_DENSE_ROWS and "packed" in candidates and \
+        mapped_dual_fits(loaded)
+    # A choice that may be dual is cached apart: entries made before one-row steps were timed do not answer it.
+    key = cache_key(loaded, role, rows) + ("|one-row steps timed" if dual_possible else "")
     cached = None if os.environ.get(LAYOUTS_ENV) == "recalibrate" else read_cache(cache_file).get(key)
-    if cached is not None and cached.get("layout") in candidates:
-        choice = LayoutChoice(cached["layout"], role, rows, cached.get("ms", {}), 0.0, "cached")
+    if cached is not None and (cached.get("layout") in candidates or (cached.get("layout") == "dual" and dual_possible)):
+        choice = LayoutChoice(cached["layout"], role, rows, cached.get("ms", {}), 0.0, "cached",
+                              one_row_ms=cached.get("one_row_ms", {}))
         log.info("layout %s", choice.describe(loaded.name))
         return choice
     started = time.perf_counter()
@@ -154,10 +168,15 @@ def choose_layout(loaded, requested: str, role: str, rows: dict[int, float], tim
         for layout, seconds in timer(candidates, r).items():
             ms[layout] += 1000 * weight * seconds
             per_rows[layout][r] = seconds
-    choice = LayoutChoice(pick(ms, default_layout(role, rows)), role, rows, ms, time.perf_counter() - started,
-                          "measured")
+    choice = LayoutChoice(pick(ms, default_layout(role, rows)), role, rows, ms, 0.0, "measured")
+    if dual_possible and choice.layout == "packed":
+        one_row = timer(("dense", "packed"), 1)
+        choice.one_row_ms = {layout: 1000 * seconds for layout, seconds in one_row.items()}
+        choice.layout = choose_dual(one_row)
+    choice.seconds = time.perf_counter() - started
     per_rows_ms = {name: {str(r): 1000 * t for r, t in by.items()} for name, by in per_rows.items()}
-    write_cache(cache_file, key, {"layout": choice.layout, "ms": ms, "seconds": choice.seconds,
+    write_cache(cache_file, key, {"layout": choice.layout, "ms": ms, "one_row_ms": choice.one_row_ms,
+                                  "seconds": choice.seconds,
                                   "model": loaded.name, "role": role, "rows": {str(r): w for r, w in rows.items()},
                                   "ms_per_rows": per_rows_ms, **machine_key(), "load_avg_1m": os.getloadavg()[0],
                                   "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, quiet=True)
@@ -165,23 +184,42 @@ def choose_layout(loaded, requested: str, role: str, rows: dict[int, float], tim
     return choice
 
 
+def choose_dual(one_row: dict[str, float]) -> str:
+    """A speculating target whose verifications measured fastest packed: the dual layout (dense half mapped from its
+    checkpoint) where dense one-row steps measure at least MARGIN faster than packed ones, else packed."""
+    return "dual" if one_row["dense"] <= (1 - MARGIN) * one_row["packed"] else "packed"
+
+
+def mapped_dual_fits(loaded) -> bool:
+    """Whether the dual layout's dense half can be the model's own float32 checkpoint, mapped, with room for it in
+    the page cache: the machine's (or container's) free memory, page cache included, at least the mapped bytes
+    (short of that, its pages would be dropped and read back from disk on one-row steps)."""
+    mapped = mapped_checkpoint(loaded)
+    if mapped is None or extra_bytes(loaded.model, "dual", mapped) > 0:
+        return False  # some layer's dense weight is not in the file: the dual layout would keep it
+    return memory_available() > extra_bytes(loaded.model, "dual")  # the bytes mapped from the file
+
+
 DUAL_MEMORY_FACTOR = 4.0  # memory free for the dual layout's copies, as a multiple of what they take
 
 
 def room_for_dual(loaded) -> bool:
-    """Whether there is room for the dual layout's packed copies: free memory of four times their size, the free
-    memory being the machine's (MemAvailable) or, in a container with a memory limit, what its cgroup has left if
-    less. The copies double the target's linear weights (6 GB more for a float32 1.5B), and the process is rarely
-    alone (`serve` starts the draft beside it)."""
+    """Whether there is room for the dual layout's copies (its dense weights where the checkpoint cannot be mapped):
+    free memory of four times their size. The copies double the target's linear weights (6 GB more for a float32
+    1.5B), and the process is rarely alone (`serve` starts the draft beside it)."""
+    return memory_available() > DUAL_MEMORY_FACTOR * extra_bytes(loaded.model, "dual", mapped_checkpoint(loaded))
+
+
+def memory_available() -> int:
+    """The machine's free memory (MemAvailable, page cache included) or, in a container with a memory limit, what
+    its cgroup has left if less; 0 where neither can be read."""
     try:
         meminfo = Path("/proc/meminfo").read_text().split("\n")
         available = next(int(line.split()[1]) * 1024 for line in meminfo if line.startswith("MemAvailable:"))
     except (OSError, StopIteration, ValueError, IndexError):
-        return False
+        return 0
     left = cgroup_memory_left()
-    if left is not None:
-        available = min(available, left)
-    return available > DUAL_MEMORY_FACTOR * extra_bytes(loaded.model, "dual")
+    return available if left is None else min(available, left)
 
 
 def cgroup_memory_left(root: Path = Path("/sys/fs/cgroup"), own: Path = Path("/proc/self/cgroup")) -> int | None:

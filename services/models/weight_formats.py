@@ -11,12 +11,14 @@
   verified against the target's own distribution. The draft's default on the CPU.
 - bf16: weights held in bfloat16 and activations cast to it per call, float32 out. Drafts only, for the same reason
   as int8; fast only where the CPU multiplies bf16 natively (avx512_bf16, AMX), so calibration offers it there only.
-- dual: both float32 layouts of every weight, twice the memory: dense for calls of up to DUAL_DENSE_ROWS rows,
-  packed above. For a speculating target on a CPU where dense is fastest for one row and packed for a verification:
-  its one-row steps (every round while the speculation policy finds the draft does not pay) run as fast as the
-  target alone's, its verifications as fast as packed ones. The same float32 arithmetic as the layout each call
-  uses. Only when asked for (`--target-weights dual`): "auto" never takes it (its gain was measured once, on a
-  loaded machine, and the second copy is 6 GB for a float32 1.5B target).
+- dual: both float32 layouts of every weight: dense for calls of up to DUAL_DENSE_ROWS rows, packed above. For a
+  speculating target on a CPU where dense is fastest for one row and packed for a verification: its one-row steps
+  (every round while the speculation policy finds the draft does not pay) run as fast as the target alone's, its
+  verifications as fast as packed ones. The same float32 arithmetic as the layout each call uses. Where the model
+  was loaded from float32 safetensors, the dense half is the file itself, mapped read-only (mapped_weights.py):
+  no second copy in the process's memory, the page cache holds it. Otherwise it is a copy (6 GB for a float32 1.5B
+  target), taken only when asked for (`--target-weights dual`); "auto" takes the mapped dual layout where its
+  one-row half measures faster (layout_calibration.py).
 
 "auto" picks the defaults above for float32 on the CPU and dense everywhere else; the services and the in-process
 engine resolve "auto" by measurement instead (layout_calibration.py), falling back to these defaults.
@@ -98,34 +100,58 @@ def resolve_weight_format(requested: str, role: str, device: torch.device, dtype
 
 
 def use_weight_format(loaded, requested: str, role: str) -> str:
-    """Resolve `requested` for this model and role and convert its layers once; returns the format in use."""
+    """Resolve `requested` for this model and role and convert its layers once; returns the format in use. The dual
+    layout maps its dense half from the model's checkpoint where it can (mapped_checkpoint)."""
     param = next(loaded.model.parameters())
     chosen = resolve_weight_format(requested, role, param.device, param.dtype)
     if chosen != loaded.weight_format:
         if loaded.weight_format != "dense":
             raise InvalidArgument(f"{loaded.name} already holds {loaded.weight_format} weights, cannot switch to {chosen}")
-        apply_weight_format(loaded.model, chosen)
+        apply_weight_format(loaded.model, chosen, mapped_checkpoint(loaded) if chosen == "dual" else None)
         loaded.weight_format = chosen
     return chosen
 
 
-def apply_weight_format(model: nn.Module, weight_format: str) -> None:
-    """Replace every nn.Linear under `model` (in place) with the format's version; dense leaves it as it is."""
+def mapped_checkpoint(loaded):
+    """The model's float32 safetensors, mapped (mapped_weights.MappedCheckpoint), or None where it has none."""
+    from pathlib import Path
+
+    from specsplit.services.models.mapped_weights import MappedCheckpoint
+
+    param = next(loaded.model.parameters())
+    if param.device.type != "cpu" or param.dtype != torch.float32 or not Path(loaded.path).is_dir():
+        return None
+    checkpoint = MappedCheckpoint(loaded.path)
+    return checkpoint if len(checkpoint) else None
+
+
+def apply_weight_format(model: nn.Module, weight_format: str, mapped=None) -> None:
+    """Replace every nn.Linear under `model` (in place) with the format's version; dense leaves it as it is.
+    `mapped`: for the dual layout, the checkpoint whose file holds the dense weights."""
     if weight_format == "dense":
         return
-    convert = LINEAR_LAYOUTS[weight_format]
+    if weight_format == "dual" and mapped is not None:
+        def convert(linear, name):
+            return DualLinear(linear, dense_parts=mapped.dense_parts(name, linear.weight))
+    else:
+        layout = LINEAR_LAYOUTS[weight_format]
+
+        def convert(linear, name):
+            return layout(linear)
     with torch.no_grad(), warnings.catch_warnings():
         # torch marks its quantized-tensor constructors as deprecated; they are still the int8 path it ships.
         warnings.simplefilter("ignore")
         _replace_linears(model, convert)
 
 
-def _replace_linears(module: nn.Module, convert) -> None:
+def _replace_linears(module: nn.Module, convert, prefix: str = "") -> None:
     for name, child in module.named_children():
+        qualified = f"{prefix}{name}"
         if isinstance(child, nn.Linear):
-            setattr(module, name, convert(child))  # the dense weight goes unless shared (a tied embedding keeps it)
+            # the dense weight goes unless shared (a tied embedding keeps it)
+            setattr(module, name, convert(child, qualified))
         else:
-            _replace_linears(child, convert)
+            _replace_linears(child, convert, qualified + ".")
 
 
 class PackedLinear(nn.Module):
@@ -167,27 +193,41 @@ class Bf16Linear(nn.Module):
 
 
 class DualLinear(nn.Module):
-    """The dense weight and its packed copy: dense for calls of up to `dense_rows` rows, packed above."""
+    """The dense weight and its packed copy: dense for calls of up to `dense_rows` rows, packed above.
+    `dense_parts`: the dense weight as views of the mapped checkpoint (a fused layer's parts, in fusion order,
+    whose stacked rows are the weight): then the process keeps no dense copy of its own."""
 
-    def __init__(self, linear: nn.Linear, dense_rows: int = DUAL_DENSE_ROWS):
+    def __init__(self, linear: nn.Linear, dense_rows: int = DUAL_DENSE_ROWS,
+                 dense_parts: list[torch.Tensor] | None = None):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.dense_rows = dense_rows
-        self.register_buffer("weight", linear.weight.detach())  # shared with the source (a tied embedding's too)
+        self.dense_parts = dense_parts  # a plain attribute: module moves and state dicts leave the file alone
+        # The source's weight (shared with a tied embedding) unless the file holds it.
+        self.register_buffer("weight", None if dense_parts else linear.weight.detach())
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach())
         self.packed = PackedLinear(linear)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() <= self.dense_rows * self.in_features:
+        if x.numel() > self.dense_rows * self.in_features:
+            return self.packed(x)
+        if self.dense_parts is None:
             return torch.nn.functional.linear(x, self.weight, self.bias)
-        return self.packed(x)
+        biases = (None,) * len(self.dense_parts) if self.bias is None else self.bias.split(
+            [p.shape[0] for p in self.dense_parts])
+        outputs = [torch.nn.functional.linear(x, p, b) for p, b in zip(self.dense_parts, biases)]
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
 
 
-def extra_bytes(model: nn.Module, weight_format: str) -> int:
-    """Memory a format holds beyond the dense weights: the dual layout's packed copies."""
+def extra_bytes(model: nn.Module, weight_format: str, mapped=None) -> int:
+    """Memory the dual layout holds beyond one layout: the dense weights it keeps beside their packed copies, less
+    those `mapped` (a MappedCheckpoint) holds in its file and those an embedding keeps anyway (a tied head)."""
     if weight_format != "dual":
         return 0
-    return sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, nn.Linear))
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    return sum(m.weight.numel() * m.weight.element_size() for name, m in model.named_modules()
+               if isinstance(m, nn.Linear) and id(m.weight) not in embeddings
+               and (mapped is None or mapped.dense_parts(name, m.weight) is None))
 
 
 # How each non-dense format converts one nn.Linear (the source layer is left as it is).

@@ -24,14 +24,14 @@ def free_port() -> int:
 def test_a_registered_group_resolves_by_name_and_sums_over_its_ranks():
     port, name, world = free_port(), f"test-{uuid.uuid4().hex[:8]}", 2
     timeout = datetime.timedelta(seconds=30)
-    sums, errors = {}, []
+    sums, errors, registered = {}, [], []  # the registry holds its groups weakly: the test keeps its own
 
     def rank_main(rank: int) -> None:
         try:
             store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=timeout)
             backend = gloo_group(dist.PrefixStore("model", store), rank, world, timeout)
             if rank == 0:
-                kept = register_named_group(name, backend, store, rank, world, torch.device("cpu"))  # noqa: F841
+                registered.append(register_named_group(name, backend, store, rank, world, torch.device("cpu")))
             store.set(f"registered{rank}", "1")
             if rank == 0:
                 group = _resolve_process_group(name)  # what torch's named-group ops do

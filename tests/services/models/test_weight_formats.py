@@ -146,6 +146,7 @@ def test_a_dual_layout_target_gives_the_target_alones_greedy_output(float32_pair
     assert dual.target.weight_format == "dual"
     rows_seen = []
     layer = next(m for m in dual.target.model.modules() if isinstance(m, DualLinear))
+    assert layer.weight is None and len(layer.dense_parts) == 3  # q, k, v mapped from the checkpoint file
     layer.register_forward_hook(lambda module, args, out: rows_seen.append(args[0].numel() // module.in_features))
 
     def one_at_a_time(engine, speculation):
@@ -179,3 +180,35 @@ def test_onednn_caches_are_bounded_before_any_model_loads_unless_the_operator_sa
     out = subprocess.run([sys.executable, "-c", probe], env={**env, "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "256"},
                          capture_output=True, text=True, check=True).stdout
     assert out.split() == ["256", "16"]
+
+
+def test_the_dual_layouts_dense_half_is_the_checkpoint_file_mapped(float32_pair, tmp_path):
+    """Mapped: every layer's dense weight (a fused layer's parts stacked) is the loaded weight, so the dual layout
+    keeps no copy of its own; a checkpoint not in float32 maps nothing, and the dual layout keeps the dense weights."""
+    from specsplit.services.models.mapped_weights import MappedCheckpoint
+    from specsplit.services.models.weight_formats import apply_weight_format, extra_bytes, mapped_checkpoint
+
+    dense = load_model(str(float32_pair[0]))
+    mapped = mapped_checkpoint(dense)
+    linears = {name: m for name, m in dense.model.named_modules() if isinstance(m, torch.nn.Linear)}
+    for name, m in linears.items():
+        parts = mapped.dense_parts(name, m.weight)
+        if m.weight is dense.model.model.embed_tokens.weight:
+            continue  # a tied head: the embedding's weight, not in the file as lm_head
+        assert parts is not None and torch.equal(torch.cat(parts), m.weight), name
+    assert extra_bytes(dense.model, "dual", mapped) == 0 < extra_bytes(dense.model, "dual")
+
+    dual = load_model(str(float32_pair[0]))
+    assert use_weight_format(dual, "dual", "target") == "dual"
+    for name, m in dual.model.named_modules():
+        if isinstance(m, DualLinear) and m.dense_parts:
+            x = torch.randn(1, m.in_features)
+            torch.testing.assert_close(m(x), linears[name](x), rtol=1e-6, atol=1e-6)  # one row: the file's weights
+            torch.testing.assert_close(m(x.repeat(5, 1)), linears[name](x.repeat(5, 1)), rtol=1e-4, atol=1e-4)
+
+    bf16_folder = save_model(build_model("qwen2", seed=5).to(torch.bfloat16), tmp_path / "bf16")
+    assert len(MappedCheckpoint(bf16_folder)) == 0  # nothing float32 to map
+    copied = load_model(str(float32_pair[0]))
+    apply_weight_format(copied.model, "dual", MappedCheckpoint(bf16_folder))
+    assert all(m.dense_parts is None and m.weight is not None for m in copied.model.modules()
+               if isinstance(m, DualLinear))
