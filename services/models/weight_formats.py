@@ -29,6 +29,7 @@ row's result would depend on the others'). "auto" is then dense, and the other f
 """
 
 import os
+import time
 import warnings
 
 import torch
@@ -192,17 +193,37 @@ class Bf16Linear(nn.Module):
         return torch.nn.functional.linear(x.to(torch.bfloat16), self.weight, self.bias).float()
 
 
+# A mapped dense call that reads its weights slower than this has met pages the kernel dropped (memory pressure):
+# they come back from disk, one-row steps would crawl at the disk's speed. Unless the calibration measured the
+# machine's own rate (then a third of it: DualLinear.min_bytes_per_s), this floor; memory reads run at 5-30 GB/s on
+# one or two cores.
+MAPPED_MIN_BYTES_PER_S = 2e9
+# A layer that met dropped pages runs its one-row steps packed for this many calls, then tries its mapped weights again
+# (reading them back, which pays once memory has come free); twice as long after each try that finds them dropped
+# again, up to MAPPED_MAX_BACKOFF times (each try reads the layer from disk).
+MAPPED_RETRY_CALLS = 256
+MAPPED_MAX_BACKOFF = 64
+MAPPED_JUDGED_BYTES = 4 << 20  # layers whose weights are smaller are not judged by their calls' times
+
+
 class DualLinear(nn.Module):
     """The dense weight and its packed copy: dense for calls of up to `dense_rows` rows, packed above.
     `dense_parts`: the dense weight as views of the mapped checkpoint (a fused layer's parts, in fusion order,
-    whose stacked rows are the weight): then the process keeps no dense copy of its own."""
+    whose stacked rows are the weight): then the process keeps no dense copy of its own, and a dense call that finds
+    the file's pages dropped (slower than min_bytes_per_s) sends the layer's small calls to packed for a while
+    (MAPPED_RETRY_CALLS calls, twice as long after each try that finds them dropped again)."""
 
     def __init__(self, linear: nn.Linear, dense_rows: int = DUAL_DENSE_ROWS,
-                 dense_parts: list[torch.Tensor] | None = None):
+                 dense_parts: list[torch.Tensor] | None = None, clock=time.perf_counter):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.dense_rows = dense_rows
         self.dense_parts = dense_parts  # a plain attribute: module moves and state dicts leave the file alone
+        self.dense_bytes = sum(p.numel() * p.element_size() for p in dense_parts) if dense_parts else 0
+        self.min_bytes_per_s = MAPPED_MIN_BYTES_PER_S
+        self.packed_calls_left = 0  # > 0: the mapped pages were found dropped; small calls run packed meanwhile
+        self.backoff = 1  # the next wait's multiple of MAPPED_RETRY_CALLS
+        self.clock = clock
         # The source's weight (shared with a tied embedding) unless the file holds it.
         self.register_buffer("weight", None if dense_parts else linear.weight.detach())
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach())
@@ -213,9 +234,19 @@ class DualLinear(nn.Module):
             return self.packed(x)
         if self.dense_parts is None:
             return torch.nn.functional.linear(x, self.weight, self.bias)
+        if self.packed_calls_left > 0:
+            self.packed_calls_left -= 1
+            return self.packed(x)
+        started = self.clock()
         biases = (None,) * len(self.dense_parts) if self.bias is None else self.bias.split(
             [p.shape[0] for p in self.dense_parts])
         outputs = [torch.nn.functional.linear(x, p, b) for p, b in zip(self.dense_parts, biases)]
+        judged = self.dense_bytes >= MAPPED_JUDGED_BYTES  # a small call's time is its overhead, not its reads
+        if judged and self.dense_bytes < self.min_bytes_per_s * (self.clock() - started):
+            self.packed_calls_left = MAPPED_RETRY_CALLS * self.backoff
+            self.backoff = min(2 * self.backoff, MAPPED_MAX_BACKOFF)
+        else:
+            self.backoff = 1
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
 
 

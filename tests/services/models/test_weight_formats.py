@@ -212,3 +212,47 @@ def test_the_dual_layouts_dense_half_is_the_checkpoint_file_mapped(float32_pair,
     apply_weight_format(copied.model, "dual", MappedCheckpoint(bf16_folder))
     assert all(m.dense_parts is None and m.weight is not None for m in copied.model.modules()
                if isinstance(m, DualLinear))
+
+
+def test_a_mapped_layer_whose_pages_were_dropped_steps_one_row_packed_for_a_while_then_tries_again(monkeypatch):
+    """Under memory pressure the kernel drops the mapped file's pages and a one-row step would read them back from
+    disk: a dense call slower than the layer's floor sends its small calls to packed for MAPPED_RETRY_CALLS calls."""
+    from specsplit.services.models import weight_formats
+
+    monkeypatch.setattr(weight_formats, "MAPPED_RETRY_CALLS", 3)
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(1024, 2048)  # 8 MB of weights: judged by its calls' times
+    now = [0.0]
+    layer = DualLinear(linear, dense_parts=[linear.weight.detach()[:1024], linear.weight.detach()[1024:]],
+                       clock=lambda: now[0])
+    layer.min_bytes_per_s = 1e9  # 8 MB in 8 ms or less: memory speed
+    dense_calls, packed_calls = [], []
+    monkeypatch.setattr(layer.packed, "forward", lambda x: packed_calls.append(1) or torch.zeros(x.shape[0], 2048))
+    real_linear = torch.nn.functional.linear
+
+    def timed_linear(x, w, b=None):
+        dense_calls.append(1)
+        now[0] += seconds_per_part
+        return real_linear(x, w, b)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", timed_linear)
+    x = torch.randn(1, 1024)
+    seconds_per_part = 0.001  # 2 ms for 8 MB: in memory
+    layer(x)
+    assert (len(dense_calls), len(packed_calls), layer.packed_calls_left) == (2, 0, 0)
+    seconds_per_part = 0.5  # a second for 8 MB: read back from disk
+    layer(x)
+    assert layer.packed_calls_left == 3
+    for _ in range(3):
+        layer(x)
+    assert (len(dense_calls), len(packed_calls)) == (4, 3)  # three calls packed, none dense
+    layer(x)  # the try: still dropped, so twice as long packed
+    assert (len(dense_calls), layer.packed_calls_left) == (6, 6)
+    for _ in range(6):
+        layer(x)
+    seconds_per_part = 0.001  # memory came free: the next try reads at memory speed and stays dense
+    layer(x)
+    layer(x)
+    assert (len(dense_calls), len(packed_calls), layer.packed_calls_left, layer.backoff) == (10, 9, 0, 1)
+    layer(x.repeat(5, 1))  # more rows than dense_rows: packed, whatever the pages
+    assert len(packed_calls) == 10
