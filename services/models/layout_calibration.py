@@ -202,6 +202,7 @@ def mapped_dual_fits(loaded) -> bool:
 
 
 DUAL_MEMORY_FACTOR = 4.0  # memory free for the dual layout's copies, as a multiple of what they take
+MAPPED_RATE_DIVISOR = 8  # a mapped dense call slower than the calibrated read rate / this found its pages dropped
 
 
 def room_for_dual(loaded) -> bool:
@@ -255,13 +256,14 @@ def pick(ms: dict[str, float], default: str) -> str:
 def use_calibrated_layout(loaded, requested: str, role: str, rows: dict[int, float], timer: Timer | None = None,
                           cache_file: Path | None = None) -> LayoutChoice:
     """Choose the layout (choose_layout) and convert `loaded` to it once. A dual layout measured here judges its
-    mapped pages dropped below a third of the dense read rate measured (DualLinear.min_bytes_per_s)."""
+    mapped pages dropped below an eighth of the dense read rate measured (DualLinear.min_bytes_per_s: disk reads
+    run far slower than that, a core shared with the other services now and then a few times slower)."""
     choice = choose_layout(loaded, requested, role, rows, timer, cache_file)
     linear_bytes = sum(m.weight.numel() * m.weight.element_size() for m in loaded.model.modules()
                        if isinstance(m, nn.Linear))
     choice.layout = use_weight_format(loaded, choice.layout, role)
     if choice.layout == "dual" and choice.one_row_ms.get("dense"):
-        floor = linear_bytes / (choice.one_row_ms["dense"] / 1000) / 3
+        floor = linear_bytes / (choice.one_row_ms["dense"] / 1000) / MAPPED_RATE_DIVISOR
         for m in loaded.model.modules():
             if isinstance(m, DualLinear):
                 m.min_bytes_per_s = floor

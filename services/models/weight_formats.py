@@ -195,8 +195,8 @@ class Bf16Linear(nn.Module):
 
 # A mapped dense call that reads its weights slower than this has met pages the kernel dropped (memory pressure):
 # they come back from disk, one-row steps would crawl at the disk's speed. Unless the calibration measured the
-# machine's own rate (then a third of it: DualLinear.min_bytes_per_s), this floor; memory reads run at 5-30 GB/s on
-# one or two cores.
+# machine's own rate (then an eighth of it: DualLinear.min_bytes_per_s), this floor; memory reads run at 5-30 GB/s
+# on one or two cores.
 MAPPED_MIN_BYTES_PER_S = 2e9
 # A layer that met dropped pages runs its one-row steps packed for this many calls, then tries its mapped weights again
 # (reading them back, which pays once memory has come free); twice as long after each try that finds them dropped
