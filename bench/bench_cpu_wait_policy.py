@@ -11,7 +11,7 @@ Policies take turns within each repeat (a load that comes and goes weighs on all
 Every figure is labelled with the machine (`lscpu` model name) and the load average before and after it.
 
     python bench/bench_cpu_wait_policy.py [--repeats 3] [--load 1] [--states quiet,loaded]
-        [--target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct --tokens 96]
+        [--target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct --tokens 96] [--policies spin:10000,active]
 """
 
 import argparse
@@ -82,8 +82,14 @@ def main() -> None:
     parser.add_argument("--target", default=None, help="also time generate --local and serve with this pair")
     parser.add_argument("--draft", default=None)
     parser.add_argument("--tokens", type=int, default=96)
+    parser.add_argument("--policies", default=",".join(POLICIES),
+                        help="the candidates to time (the default's own among them, to compare it with others)")
     parser.add_argument("--name", default="cpu_wait_policy")
     args = parser.parse_args()
+    policies = args.policies.split(",")
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        parser.error(f"unknown policies {unknown}: choose from {', '.join(POLICIES)}")
     rows, machine = [], lscpu_model()
     for state in args.states.split(","):
         load = Load(args.load) if state == "loaded" else None
@@ -94,10 +100,10 @@ def main() -> None:
                 cells += [("generate", "local"), ("generate", "serve")]
             for workload, layout in cells:
                 default = defaults["turns" if layout in ("turns", "serve") else "one"]
-                samples: dict[str, list[float]] = {p: [] for p in POLICIES}
+                samples: dict[str, list[float]] = {p: [] for p in policies}
                 load_before = os.getloadavg()[0]
                 for _ in range(args.repeats):
-                    for policy in POLICIES:
+                    for policy in policies:
                         if workload == "probe":
                             samples[policy].append(wait.probe_seconds(policy, layout, args.steps, timeout=600))
                         else:
@@ -122,7 +128,7 @@ def main() -> None:
             if load is not None:
                 load.close()
     write_results(args.name, rows, {"machine_lscpu": machine, "cores": os.cpu_count(),
-                                    "policies": list(POLICIES), "command": " ".join(sys.argv),
+                                    "policies": policies, "command": " ".join(sys.argv),
                                     "note": "quiet = the machine as it was (see each row's load average): on a shared "
                                             "machine other jobs may have run; loaded = plus --load busy processes"})
 
