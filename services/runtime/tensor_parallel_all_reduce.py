@@ -154,6 +154,11 @@ class AllReduce:
             return False
 
 
+def peer_setups_in_this_process() -> int:
+    """How many replicas' peer buffers this process has set up (or tried to)."""
+    return _peer_setups
+
+
 def _peer_ops_missing(group) -> str | None:
     """Why this rank cannot run the peer-to-peer all-reduces, or None."""
     if not hasattr(torch.ops, "symm_mem") or not hasattr(torch.ops.symm_mem, "one_shot_all_reduce_copy"):
