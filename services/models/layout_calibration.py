@@ -259,14 +259,15 @@ def use_calibrated_layout(loaded, requested: str, role: str, rows: dict[int, flo
     mapped pages dropped below an eighth of the dense read rate measured (DualLinear.min_bytes_per_s: disk reads
     run far slower than that, a core shared with the other services now and then a few times slower)."""
     choice = choose_layout(loaded, requested, role, rows, timer, cache_file)
-    linear_bytes = sum(m.weight.numel() * m.weight.element_size() for m in loaded.model.modules()
-                       if isinstance(m, nn.Linear))
-    choice.layout = use_weight_format(loaded, choice.layout, role)
-    if choice.layout == "dual" and choice.one_row_ms.get("dense"):
+    floor = None
+    if choice.layout == "dual" and choice.one_row_ms.get("dense"):  # the bytes one row reads, before conversion
+        linear_bytes = sum(m.weight.numel() * m.weight.element_size() for m in loaded.model.modules()
+                           if isinstance(m, nn.Linear))
         floor = linear_bytes / (choice.one_row_ms["dense"] / 1000) / MAPPED_RATE_DIVISOR
-        for m in loaded.model.modules():
-            if isinstance(m, DualLinear):
-                m.min_bytes_per_s = floor
+    choice.layout = use_weight_format(loaded, choice.layout, role)
+    dual_layers = [m for m in loaded.model.modules() if isinstance(m, DualLinear)] if floor is not None else []
+    for layer in dual_layers:
+        layer.min_bytes_per_s = floor
     return choice
 
 

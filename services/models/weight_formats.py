@@ -220,6 +220,7 @@ class DualLinear(nn.Module):
         self.dense_rows = dense_rows
         self.dense_parts = dense_parts  # a plain attribute: module moves and state dicts leave the file alone
         self.dense_bytes = sum(p.numel() * p.element_size() for p in dense_parts) if dense_parts else 0
+        self.judged = self.dense_bytes >= MAPPED_JUDGED_BYTES  # a small call's time is its overhead, not its reads
         self.min_bytes_per_s = MAPPED_MIN_BYTES_PER_S
         self.packed_calls_left = 0  # > 0: the mapped pages were found dropped; small calls run packed meanwhile
         self.backoff = 1  # the next wait's multiple of MAPPED_RETRY_CALLS
@@ -241,8 +242,7 @@ class DualLinear(nn.Module):
         biases = (None,) * len(self.dense_parts) if self.bias is None else self.bias.split(
             [p.shape[0] for p in self.dense_parts])
         outputs = [torch.nn.functional.linear(x, p, b) for p, b in zip(self.dense_parts, biases)]
-        judged = self.dense_bytes >= MAPPED_JUDGED_BYTES  # a small call's time is its overhead, not its reads
-        if judged and self.dense_bytes < self.min_bytes_per_s * (self.clock() - started):
+        if self.judged and self.dense_bytes < self.min_bytes_per_s * (self.clock() - started):
             self.packed_calls_left = MAPPED_RETRY_CALLS * self.backoff
             self.backoff = min(2 * self.backoff, MAPPED_MAX_BACKOFF)
         else:

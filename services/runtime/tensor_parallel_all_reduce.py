@@ -114,19 +114,20 @@ class AllReduce:
 
     def _agree(self, ok: bool) -> bool:
         """Whether every rank says ok (an all-reduce of the flags: every rank must ask, in the same order)."""
-        flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=self.group.device)
-        options = dist.AllreduceOptions()
-        options.reduceOp = dist.ReduceOp.MIN
-        self.group.model_group.allreduce([flag], options).wait()
-        return bool(flag.item())
+        return bool(self._reduce([1 if ok else 0], dist.ReduceOp.MIN)[0])
 
     def _same_setup_counts(self) -> bool:
         """Whether every rank's process has started as many symmetric-memory setups as the others (collective)."""
-        counts = torch.tensor([_peer_setups, -_peer_setups], dtype=torch.int64, device=self.group.device)
+        largest, minus_smallest = self._reduce([_peer_setups, -_peer_setups], dist.ReduceOp.MAX)
+        return largest == -minus_smallest
+
+    def _reduce(self, values: list[int], op) -> list[int]:
+        """`values` reduced elementwise over the ranks with `op` on the model group (collective)."""
+        tensor = torch.tensor(values, dtype=torch.int64, device=self.group.device)
         options = dist.AllreduceOptions()
-        options.reduceOp = dist.ReduceOp.MAX
-        self.group.model_group.allreduce([counts], options).wait()
-        return int(counts[0]) == -int(counts[1])  # the largest count equals the smallest
+        options.reduceOp = op
+        self.group.model_group.allreduce([tensor], options).wait()
+        return tensor.tolist()
 
     def _check(self, mode: str) -> bool:
         """The new mode's sums (and fused norms) equal NCCL's on a test message, on this rank."""

@@ -40,6 +40,12 @@ def outputs(engine: LocalEngine) -> dict:
         asyncio.run(engine.close())
 
 
+def sharded_engine(tiny_pair) -> LocalEngine:
+    """The target at degree 2 (cuda:0 and cuda:1), the draft at degree 1, k = 4 fixed, float32."""
+    return LocalEngine(str(tiny_pair["target"]), str(tiny_pair["close"]), num_speculative_tokens=4, dtype="float32",
+                       device="cuda", speculation="fixed", target_tensor_parallel_size=2)
+
+
 @pytest.fixture(scope="module")
 def degree_one(tiny_pair):
     return outputs(LocalEngine(str(tiny_pair["target"]), str(tiny_pair["close"]), num_speculative_tokens=4,
@@ -50,9 +56,7 @@ def test_nccl_degree_two_gives_the_degree_one_tokens(tiny_pair, degree_one, monk
     # NCCL by name: the default ("auto") would set up peer buffers here, and a process sets them up once for the
     # replica whose rank 0 it holds first (runtime/tensor_parallel_all_reduce.py): the next test's.
     monkeypatch.setenv(MODE_ENV, "nccl")
-    sharded = outputs(LocalEngine(str(tiny_pair["target"]), str(tiny_pair["close"]), num_speculative_tokens=4,
-                                  dtype="float32", device="cuda", speculation="fixed",
-                                  target_tensor_parallel_size=2))
+    sharded = outputs(sharded_engine(tiny_pair))
     assert degree_one["spec_greedy"] == degree_one["greedy"]  # speculation is lossless on the GPU to begin with
     assert sharded["greedy"] == degree_one["greedy"]
     assert sharded["spec_greedy"] == degree_one["greedy"]
@@ -61,8 +65,7 @@ def test_nccl_degree_two_gives_the_degree_one_tokens(tiny_pair, degree_one, monk
 
 
 def test_peer_to_peer_all_reduces_give_the_degree_one_tokens(tiny_pair, degree_one):
-    engine = LocalEngine(str(tiny_pair["target"]), str(tiny_pair["close"]), num_speculative_tokens=4,
-                         dtype="float32", device="cuda", speculation="fixed", target_tensor_parallel_size=2)
+    engine = sharded_engine(tiny_pair)
     try:
         assert engine.target_runner.group.all_reduce.mode == "fused"  # the default, where it runs
         for mode in ("symm", "fused"):
@@ -77,15 +80,11 @@ def test_peer_to_peer_all_reduces_give_the_degree_one_tokens(tiny_pair, degree_o
 def test_a_second_replica_led_from_the_same_process_uses_nccl_without_waiting(tiny_pair, degree_one):
     """torch's rendezvous numbers its keys per process: this process set up peer buffers for the previous test's
     replica, its new followers never did, so the ranks must agree on NCCL at once instead of waiting on the store."""
-    def sharded_engine():
-        return LocalEngine(str(tiny_pair["target"]), str(tiny_pair["close"]), num_speculative_tokens=4,
-                           dtype="float32", device="cuda", speculation="fixed", target_tensor_parallel_size=2)
-
     if peer_setups_in_this_process() == 0:  # run without the test before it: lead one replica's setup first
-        asyncio.run(sharded_engine().close())
+        asyncio.run(sharded_engine(tiny_pair).close())
     assert peer_setups_in_this_process() >= 1
     started = time.monotonic()
-    engine = sharded_engine()
+    engine = sharded_engine(tiny_pair)
     try:
         assert engine.target_runner.group.all_reduce.mode == "nccl"
         # Starting the engine takes ~60 s on the lent 2x H200 (loads, graph captures): waiting for the other
