@@ -32,9 +32,11 @@ from specsplit.kernels.rejection_sampling import rejection_sample_torch, sample_
 from specsplit.kernels.rms_norm import add_rms_norm_torch
 from specsplit.kernels.rotary_kv import rotary_kv_torch
 from specsplit.kernels.silu_mul import silu_mul_torch
+from specsplit.kernels.skinny_linear import SKINNY_MAX_ROWS
 from specsplit.kernels.typical_acceptance import typical_accept_torch
 
 ENV_VAR = "SPECSPLIT_KERNELS"
+SKINNY_ENV = "SPECSPLIT_SKINNY_LINEAR"  # "off": few-row matmuls stay on torch's (A/B runs of the fused kernels)
 BATCH_INVARIANT_ENV = "SPECSPLIT_BATCH_INVARIANT"
 
 
@@ -90,9 +92,23 @@ def on_device(tensor: torch.Tensor):
     return torch.cuda.device(tensor.device) if tensor.is_cuda else contextlib.nullcontext()
 
 
+def _skinny(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a matmul goes to the few-rows kernel (kernels/skinny_linear.py): a decode step's rows, 16-bit, on
+    Triton, outside the batch-invariant mode (whose GEMM fixes its arithmetic by shape, not by rows)."""
+    return (x.dim() == 2 and x.shape[0] <= SKINNY_MAX_ROWS and x.dtype in (torch.bfloat16, torch.float16)
+            and weight.dtype == x.dtype and not batch_invariant() and os.environ.get(SKINNY_ENV, "on") != "off"
+            and use_triton(x))
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight^T + bias. Default: torch's F.linear (cuBLAS on a GPU, the CPU's BLAS). Batch-invariant: the Triton
-    GEMM on a GPU (16- and 32-bit floats), the fixed-order torch reference elsewhere."""
+    """x @ weight^T + bias. Default: the few-rows kernel for a decode step's rows on a GPU, torch's F.linear
+    (cuBLAS, the CPU's BLAS) otherwise. Batch-invariant: the Triton GEMM on a GPU (16- and 32-bit floats), the
+    fixed-order torch reference elsewhere."""
+    if _skinny(x, weight):
+        from specsplit.kernels.skinny_linear_triton import skinny_linear_triton
+
+        with on_device(x):
+            return skinny_linear_triton(x, weight, bias)
     if not batch_invariant():
         return F.linear(x, weight, bias)
     if use_triton(x) and x.dtype in (torch.bfloat16, torch.float16, torch.float32):
@@ -133,6 +149,19 @@ def add_rms_norm(x, residual, weight, eps: float):
         with on_device(x):
             return add_rms_norm_triton(x, residual, weight, eps)  # one program per row: invariant as it is
     return add_rms_norm_torch(x, residual, weight, eps, ordered=batch_invariant())
+
+
+def norm_linear(x, residual, norm_weight, eps: float, weight, bias, silu_mul_after: bool = False):
+    """(linear(weight * rmsnorm(x + residual)) [then SiLU * up], x + residual): one kernel for a decode step's rows
+    on a GPU, add_rms_norm then linear [then silu_mul] otherwise."""
+    if _skinny(x, weight) and norm_weight.dtype == x.dtype:
+        from specsplit.kernels.skinny_linear_triton import norm_linear_triton
+
+        with on_device(x):
+            return norm_linear_triton(x, residual, norm_weight, eps, weight, bias, silu_mul=silu_mul_after)
+    normed, residual = add_rms_norm(x, residual, norm_weight, eps)
+    out = linear(normed, weight, bias)
+    return (silu_mul(out) if silu_mul_after else out), residual
 
 
 def rotary_kv(qkv, positions, cos_sin, key_cache, value_cache, slot_mapping, num_heads: int, num_kv_heads: int,

@@ -5,16 +5,18 @@ name; q/k/v and gate/up are fused once at load time into single matmuls. The for
 tokens from many sequences (no padding): the attention metadata says which tokens belong to which sequence and
 where their KV lives.
 
-A layer is four matmuls (`Linear`, through kernels/dispatch.py's `linear`: torch's matmul, or the batch-invariant
-mode's GEMM) and four fused steps (kernels/dispatch.py: Triton on a GPU, the torch references on the CPU):
-add + RMSNorm, rotary + KV write, paged attention, SiLU * up. The residual stream travels beside the normed
-activations so each residual add happens inside the next norm; the arithmetic is transformers' own, op for op.
+A layer is four matmuls (`Linear`, through kernels/dispatch.py's `linear`: torch's matmul, the few-rows kernel of a
+decode step, or the batch-invariant mode's GEMM) and four fused steps (kernels/dispatch.py: Triton on a GPU, the
+torch references on the CPU): add + RMSNorm, rotary + KV write, paged attention, SiLU * up. The residual stream
+travels beside the normed activations so each residual add happens inside the next norm; the arithmetic is
+transformers' own, op for op. A decode step's few rows on a GPU take the norm into the q/k/v and gate/up matmuls
+and SiLU * up into gate/up's (`norm_linear`): six kernels a layer instead of ten.
 """
 
 import torch
 from torch import nn
 
-from specsplit.kernels.dispatch import add_rms_norm, linear, paged_attention, rotary_kv, silu_mul
+from specsplit.kernels.dispatch import add_rms_norm, linear, norm_linear, paged_attention, rotary_kv, silu_mul
 from specsplit.services.models.config import DecoderConfig
 from specsplit.services.models.rotary import RotaryEmbedding
 from specsplit.services.runtime.attention_metadata import AttentionMetadata
@@ -52,9 +54,10 @@ class Attention(nn.Module):
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_bias)
         self.scale = config.head_dim**-0.5
 
-    def forward(self, hidden, positions, rotary: RotaryEmbedding, meta: AttentionMetadata, kv_cache):
+    def forward(self, qkv, positions, rotary: RotaryEmbedding, meta: AttentionMetadata, kv_cache):
+        """qkv: the normed rows' q/k/v projection (DecoderLayer computes it with the norm)."""
         key_cache, value_cache = kv_cache
-        q = rotary_kv(self.qkv_proj(hidden), positions, rotary.cos_sin, key_cache, value_cache, meta.slot_mapping,
+        q = rotary_kv(qkv, positions, rotary.cos_sin, key_cache, value_cache, meta.slot_mapping,
                       self.num_heads, self.num_kv_heads, self.head_dim)
         out = paged_attention(
             q, key_cache, value_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
@@ -70,8 +73,9 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
-    def forward(self, x):
-        return self.down_proj(silu_mul(self.gate_up_proj(x)))
+    def forward(self, activated):
+        """activated: SiLU(gate) * up of the normed rows (DecoderLayer computes it with the norm)."""
+        return self.down_proj(activated)
 
 
 class DecoderLayer(nn.Module):
@@ -85,9 +89,22 @@ class DecoderLayer(nn.Module):
     def forward(self, hidden, residual, positions, rotary, meta, kv_cache):
         """hidden: the previous layer's MLP output (the embeddings, with residual None, for the first layer).
         Returns this layer's MLP output and the residual stream before it is added."""
-        x, residual = self.input_layernorm(hidden, residual)
-        x, residual = self.post_attention_layernorm(self.self_attn(x, positions, rotary, meta, kv_cache), residual)
-        return self.mlp(x), residual
+        qkv, residual = _normed_projection(self.input_layernorm, self.self_attn.qkv_proj, hidden, residual)
+        attended = self.self_attn(qkv, positions, rotary, meta, kv_cache)
+        activated, residual = _normed_projection(self.post_attention_layernorm, self.mlp.gate_up_proj, attended,
+                                                 residual, silu_mul_after=True)
+        return self.mlp(activated), residual
+
+
+def _normed_projection(norm: nn.Module, projection: nn.Module, x, residual, silu_mul_after: bool = False):
+    """(projection(norm(x + residual)) [then SiLU * up], x + residual). A plain norm and matmul go to the kernels
+    together (one kernel where they fuse); a replaced one (a CPU weight layout, a tensor-parallel norm that
+    all-reduces first) runs as its module."""
+    if type(norm) is RMSNorm and type(projection) is Linear:
+        return norm_linear(x, residual, norm.weight, norm.eps, projection.weight, projection.bias, silu_mul_after)
+    x, residual = norm(x, residual)
+    x = projection(x)
+    return (silu_mul(x) if silu_mul_after else x), residual
 
 
 class DecoderModel(nn.Module):

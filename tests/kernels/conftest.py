@@ -30,6 +30,7 @@ _KERNEL_MODULES = (
     "specsplit.kernels.rms_norm_triton",
     "specsplit.kernels.rotary_kv_triton",
     "specsplit.kernels.silu_mul_triton",
+    "specsplit.kernels.skinny_linear_triton",
 )
 
 

@@ -1,0 +1,38 @@
+"""A matmul of few rows with its neighbours fused in, eager torch reference: what a decode step's layer does around
+its projections, as one function per fusion.
+
+A draft decode step multiplies one row (a few at batch > 1) by each weight. That is a matrix-vector product, bound by
+reading the weight, and for a small model each projection reads only a few MB: the step's time goes to launching
+and draining many short kernels (ten per layer of 1.5-8 us on an H100, where the 0.5B's weights stream in 0.35 ms a
+step). The Triton version (kernels/skinny_linear_triton.py) computes each of these in one kernel:
+
+- `norm_linear`: (linear(weight * rmsnorm(x + residual)), x + residual): the previous sub-layer's residual add and
+  this one's RMSNorm in the matmul's prologue (q/k/v and gate/up read normed rows);
+- `linear_silu_mul`: SiLU(gate) * up of the fused gate/up projection in its epilogue;
+- `skinny_linear`: the plain product (o_proj, down_proj), one kernel with no split-K reduction after it.
+
+The arithmetic is the unfused path's, step for step (add_rms_norm_torch's roundings, the product summed in float32
+and rounded once with its bias, silu_mul_torch's roundings); only the order of the K sums differs, as between any two
+matmul kernels.
+
+    x, residual: [rows, K]; norm_weight: [K]; weight: [N, K]; bias: [N] or None
+"""
+
+import torch
+import torch.nn.functional as F
+
+from specsplit.kernels.rms_norm import add_rms_norm_torch
+from specsplit.kernels.silu_mul import silu_mul_torch
+
+SKINNY_MAX_ROWS = 8  # the most rows the Triton kernel takes (a decode step's batch, k + 1 rows of one verification)
+
+
+def norm_linear_torch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                      weight: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    normed, residual = add_rms_norm_torch(x, residual, norm_weight, eps)
+    return F.linear(normed, weight, bias), residual
+
+
+def linear_silu_mul_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """weight = [gate; up] stacked along N: returns SiLU(x @ gate^T) * (x @ up^T), [rows, N / 2]."""
+    return silu_mul_torch(F.linear(x, weight, bias))

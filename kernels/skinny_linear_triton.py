@@ -1,0 +1,158 @@
+"""A matmul of few rows with its neighbours fused in, Triton version of kernels/skinny_linear.py (same contract and
+rounding steps).
+
+One kernel per projection, no split of K and so no reduction kernel after it: program p computes output columns
+[p * BLOCK_N, (p + 1) * BLOCK_N) of every row, streaming those weight rows along K in [BLOCK_N, BLOCK_K] tiles. The
+rows (at most MAX_ROWS) live in registers; the products accumulate elementwise in a [BLOCK_M, BLOCK_N, BLOCK_K]
+float32 tile and are summed across K once at the end, so the loop is loads and FMAs only.
+
+- HAS_NORM: the prologue. A first pass over the rows' K computes each row's sum of squares of x + residual (every
+  program does, from L2: a few KB per row); program 0 also writes x + residual, the residual stream. The main loop
+  then normalises each x tile as it loads it, with add_rms_norm's roundings.
+- SILU_MUL: the epilogue. Each program accumulates its gate columns and the matching up columns (weight rows n and
+  n + N) and writes SiLU(gate) * up, with silu_mul's roundings.
+
+The tile sizes follow the shape (`skinny_config`): enough programs to spread the weight over the SMs, and an
+accumulator tile of about 4096 floats per four warps.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from specsplit.kernels.device import sm_count
+from specsplit.kernels.rounding_triton import cast_rtne
+from specsplit.kernels.skinny_linear import SKINNY_MAX_ROWS as MAX_ROWS
+_ACCUMULATOR_ELEMENTS_PER_WARP = 1024
+_PROGRAMS_PER_SM = 2
+
+
+@dataclass(frozen=True)
+class SkinnyConfig:
+    block_n: int
+    block_k: int
+    num_warps: int
+
+
+def skinny_config(rows: int, n: int, k: int, silu_mul: bool, device: torch.device) -> SkinnyConfig:
+    """Column tiles small enough that the programs cover the SMs about twice, K tiles as long as the accumulator's
+    budget allows (two accumulators with SiLU * up)."""
+    block_m = triton.next_power_of_2(max(rows, 1))
+    spread = max(1, n // (_PROGRAMS_PER_SM * sm_count(device)))
+    block_n = max(4, min(32, 1 << (spread.bit_length() - 1)))
+    num_warps = 4
+    budget = _ACCUMULATOR_ELEMENTS_PER_WARP * num_warps // (2 if silu_mul else 1)
+    block_k = max(32, min(1024, budget // (block_m * block_n), triton.next_power_of_2(k)))
+    return SkinnyConfig(block_n, block_k, num_warps)
+
+
+@triton.jit
+def _skinny_linear_kernel(
+    x_ptr, residual_ptr, norm_weight_ptr, residual_out_ptr, weight_ptr, bias_ptr, out_ptr,
+    M, N, K, eps,
+    stride_x, stride_r, stride_ro, stride_w, stride_o,
+    HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRETER: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rows = tl.arange(0, BLOCK_M)
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < M
+    col_mask = cols < N
+    dtype: tl.constexpr = x_ptr.dtype.element_ty
+    out_dtype: tl.constexpr = out_ptr.dtype.element_ty
+    x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_x
+    r_rows = residual_ptr + rows[:, None].to(tl.int64) * stride_r
+    w_rows = weight_ptr + cols[:, None].to(tl.int64) * stride_w
+
+    if HAS_NORM:
+        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            mask = row_mask[:, None] & (ks[None, :] < K)
+            h = tl.load(x_rows + ks[None, :], mask=mask, other=0.0)
+            if HAS_RESIDUAL:
+                r = tl.load(r_rows + ks[None, :], mask=mask, other=0.0)
+                h = cast_rtne(h.to(tl.float32) + r.to(tl.float32), dtype, INTERPRETER)
+                out_rows = residual_out_ptr + rows[:, None].to(tl.int64) * stride_ro
+                tl.store(out_rows + ks[None, :], h, mask=mask & (tl.full([BLOCK_M, BLOCK_K], pid, tl.int32) == 0))
+            h32 = h.to(tl.float32)
+            squares += tl.sum(h32 * h32, axis=1)
+        rstd = tl.math.rsqrt(squares / K + eps)
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    if SILU_MUL:
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_mask = ks < K
+        x = tl.load(x_rows + ks[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+        if HAS_NORM:
+            if HAS_RESIDUAL:
+                r = tl.load(r_rows + ks[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+                x = cast_rtne(x.to(tl.float32) + r.to(tl.float32), dtype, INTERPRETER)
+            normed = cast_rtne(x.to(tl.float32) * rstd[:, None], dtype, INTERPRETER)
+            norm_w = tl.load(norm_weight_ptr + ks, mask=k_mask, other=0.0)
+            x = cast_rtne(norm_w.to(tl.float32)[None, :] * normed.to(tl.float32), out_dtype, INTERPRETER)
+        x3 = x.to(tl.float32)[:, None, :]
+        w = tl.load(w_rows + ks[None, :], mask=col_mask[:, None] & k_mask[None, :], other=0.0)
+        acc += x3 * w.to(tl.float32)[None, :, :]
+        if SILU_MUL:
+            w_up = tl.load(w_rows + N * stride_w + ks[None, :], mask=col_mask[:, None] & k_mask[None, :], other=0.0)
+            acc_up += x3 * w_up.to(tl.float32)[None, :, :]
+
+    y = tl.sum(acc, axis=2)
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    y = cast_rtne(y, out_dtype, INTERPRETER)
+    if SILU_MUL:
+        up = tl.sum(acc_up, axis=2)
+        if HAS_BIAS:
+            up += tl.load(bias_ptr + N + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+        up = cast_rtne(up, out_dtype, INTERPRETER)
+        gate = y.to(tl.float32)
+        activated = cast_rtne(gate / (1.0 + tl.exp(-gate)), out_dtype, INTERPRETER)
+        y = cast_rtne(activated.to(tl.float32) * up.to(tl.float32), out_dtype, INTERPRETER)
+    out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_o + cols[None, :]
+    tl.store(out_ptrs, y, mask=row_mask[:, None] & col_mask[None, :])
+
+
+def _launch(x, residual, norm_weight, eps, weight, bias, silu_mul: bool, config: SkinnyConfig | None):
+    rows, k = x.shape
+    if rows > MAX_ROWS:
+        raise ValueError(f"skinny_linear takes at most {MAX_ROWS} rows, got {rows}")
+    n = weight.shape[0] // 2 if silu_mul else weight.shape[0]
+    has_norm = norm_weight is not None
+    out_dtype = torch.promote_types(norm_weight.dtype, x.dtype) if has_norm else x.dtype
+    out = torch.empty(rows, n, dtype=out_dtype, device=x.device)
+    residual_out = torch.empty_like(x) if residual is not None else x
+    if rows == 0:
+        return out, residual_out
+    config = config or skinny_config(rows, n, k, silu_mul, x.device)
+    weight = weight if weight.stride(1) == 1 else weight.contiguous()
+    _skinny_linear_kernel[(triton.cdiv(n, config.block_n),)](
+        x, residual if residual is not None else x, norm_weight if has_norm else x, residual_out, weight,
+        bias if bias is not None else weight, out,
+        rows, n, k, eps,
+        x.stride(0), (residual if residual is not None else x).stride(0), residual_out.stride(0), weight.stride(0),
+        out.stride(0),
+        HAS_NORM=has_norm, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, SILU_MUL=silu_mul,
+        BLOCK_M=triton.next_power_of_2(rows), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        INTERPRETER=x.device.type == "cpu", num_warps=config.num_warps,
+    )
+    return out, residual_out
+
+
+def norm_linear_triton(x, residual, norm_weight, eps: float, weight, bias, config: SkinnyConfig | None = None,
+                       silu_mul: bool = False):
+    return _launch(x, residual, norm_weight, eps, weight, bias, silu_mul, config)
+
+
+def linear_silu_mul_triton(x, weight, bias, config: SkinnyConfig | None = None):
+    return _launch(x, None, None, 0.0, weight, bias, True, config)[0]
+
+
+def skinny_linear_triton(x, weight, bias, config: SkinnyConfig | None = None):
+    return _launch(x, None, None, 0.0, weight, bias, False, config)[0]

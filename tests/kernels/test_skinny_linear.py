@@ -1,0 +1,131 @@
+"""The few-rows matmul with its fused prologue (residual add + RMSNorm) and epilogue (SiLU * up) against its torch
+references, which are the unfused decoder's own steps."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from specsplit.kernels.rms_norm import add_rms_norm_torch
+from specsplit.kernels.skinny_linear import linear_silu_mul_torch, norm_linear_torch
+from specsplit.kernels.skinny_linear_triton import (MAX_ROWS, SkinnyConfig, linear_silu_mul_triton, norm_linear_triton,
+                                                    skinny_config, skinny_linear_triton)
+from specsplit.kernels.silu_mul import silu_mul_torch
+
+
+def _tolerance(dtype):
+    return dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+
+
+def _inputs(rows, n, k, dtype, device, generator, bias=True):
+    x = torch.randn(rows, k, generator=generator).to(dtype=dtype, device=device)
+    weight = (torch.randn(n, k, generator=generator) / k**0.5).to(dtype=dtype, device=device)
+    b = torch.randn(n, generator=generator).to(dtype=dtype, device=device) if bias else None
+    return x, weight, b
+
+
+def test_references_are_the_unfused_steps(generator):
+    x, weight, bias = _inputs(3, 40, 24, torch.bfloat16, "cpu", generator)
+    residual = torch.randn(3, 24, generator=generator).to(torch.bfloat16)
+    norm_weight = torch.randn(24, generator=generator).to(torch.bfloat16)
+    out, new_residual = norm_linear_torch(x, residual, norm_weight, 1e-6, weight, bias)
+    normed, want_residual = add_rms_norm_torch(x, residual, norm_weight, 1e-6)
+    assert torch.equal(new_residual, want_residual) and torch.equal(out, F.linear(normed, weight, bias))
+    assert torch.equal(linear_silu_mul_torch(x, weight, bias), silu_mul_torch(F.linear(x, weight, bias)))
+
+
+# Shapes off every tile edge: rows 1 to MAX_ROWS, N and K not multiples of the tiles, K longer than one K tile.
+SHAPES = [(1, 40, 24), (3, 100, 70), (5, 64, 300), (MAX_ROWS, 36, 1100)]
+
+
+@pytest.mark.parametrize("rows, n, k", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_norm_linear_matches_reference(rows, n, k, dtype, with_residual, device, generator):
+    x, weight, bias = _inputs(rows, n, k, dtype, device, generator)
+    residual = torch.randn(rows, k, generator=generator).to(dtype=dtype, device=device) if with_residual else None
+    norm_weight = torch.randn(k, generator=generator).to(dtype=dtype, device=device)
+    out, new_residual = norm_linear_triton(x, residual, norm_weight, 1e-5, weight, bias)
+    want, want_residual = norm_linear_torch(x.cpu().float(), None if residual is None else residual.cpu().float(),
+                                            norm_weight.cpu().float(), 1e-5, weight.cpu().float(), bias.cpu().float())
+    if with_residual:
+        assert torch.equal(new_residual.cpu(), (x + residual).cpu())  # the add rounds exactly as torch's
+    else:
+        assert new_residual is x
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.cpu().float(), want, **_tolerance(dtype))
+
+
+@pytest.mark.parametrize("rows, n, k", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_linear_silu_mul_and_plain_match_reference(rows, n, k, dtype, with_bias, device, generator):
+    x, weight, bias = _inputs(rows, 2 * n, k, dtype, device, generator, bias=with_bias)
+    reference = (x.cpu().float(), weight.cpu().float(), None if bias is None else bias.cpu().float())
+    torch.testing.assert_close(linear_silu_mul_triton(x, weight, bias).cpu().float(),
+                               linear_silu_mul_torch(*reference), **_tolerance(dtype))
+    torch.testing.assert_close(skinny_linear_triton(x, weight, bias).cpu().float(), F.linear(*reference),
+                               **_tolerance(dtype))
+
+
+def test_bf16_roundings_are_the_unfused_ones(device, generator):
+    """With a K short enough that the sum order cannot matter (exact float32 sums), the fused bf16 result is the
+    unfused bf16 path's bit for bit: the same roundings at the same steps."""
+    x = torch.randint(-4, 5, (2, 8), generator=generator).to(torch.bfloat16).to(device)
+    residual = torch.randint(-4, 5, (2, 8), generator=generator).to(torch.bfloat16).to(device)
+    norm_weight = torch.randn(8, generator=generator).to(torch.bfloat16).to(device)
+    weight = torch.randint(-3, 4, (12, 8), generator=generator).to(torch.bfloat16).to(device)
+    out, _ = norm_linear_triton(x, residual, norm_weight, 1e-6, weight, None)
+    normed, _ = add_rms_norm_torch(x.cpu(), residual.cpu(), norm_weight.cpu(), 1e-6)
+    want = (normed.float() @ weight.cpu().float().T).to(torch.bfloat16)  # one rounding of the float32 sum
+    torch.testing.assert_close(out.cpu().float(), want.float(), rtol=0, atol=0.0625)  # rstd's last bit at most
+    activated = linear_silu_mul_triton(x, weight, None)
+    assert torch.equal(activated.cpu(), silu_mul_torch((x.cpu().float() @ weight.cpu().float().T).to(torch.bfloat16)))
+
+
+def test_config_spreads_columns_and_bounds_the_accumulator():
+    one_row = skinny_config(1, 896, 896, False, torch.device("cpu"))
+    assert one_row.block_n * one_row.block_k <= 1024 * one_row.num_warps
+    wide = skinny_config(1, 151936, 896, False, torch.device("cpu"))
+    assert wide.block_n == 32  # enough columns for every SM: the widest tile
+    assert skinny_config(8, 896, 896, True, torch.device("cpu")).block_k >= 32
+
+
+def test_more_rows_than_the_kernel_takes_is_an_error(device):
+    x = torch.zeros(MAX_ROWS + 1, 8, device=device)
+    with pytest.raises(ValueError, match="at most"):
+        skinny_linear_triton(x, torch.zeros(4, 8, device=device), None, SkinnyConfig(4, 32, 4))
+
+
+def test_a_model_step_through_the_fused_kernels_computes_the_unfused_logits(tmp_path, monkeypatch):
+    """The decoder wired to the fused kernels (norm into q/k/v and gate/up, SiLU * up into gate/up): a bf16 tiny
+    model's step of a few rows gives the logits of the unfused kernels, every other kernel the same (all Triton)."""
+    from specsplit.kernels import dispatch
+    from specsplit.services.models.loader import load_model
+    from specsplit.services.runtime.model_runner import ForwardItem, ModelRunner
+    from tiny_models import build_model, save_model
+
+    save_model(build_model("qwen2", seed=3), tmp_path / "m", with_tokenizer=False)
+    loaded = load_model(str(tmp_path / "m"), dtype="bfloat16")
+    monkeypatch.setenv(dispatch.ENV_VAR, "triton")
+    calls = []
+    real = dispatch.norm_linear
+
+    def counting(*args, **kwargs):
+        calls.append(dispatch._skinny(args[0], args[4]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr("specsplit.services.models.decoder.norm_linear", counting)
+
+    def step(skinny: str):
+        monkeypatch.setenv(dispatch.SKINNY_ENV, skinny)
+        runner = ModelRunner(loaded, num_blocks=8)
+        item = ForwardItem(runner.block_manager.allocate(0), [5, 17, 99, 3, 42], 4)
+        assert runner.reserve([item]) == [None]
+        return runner.forward([item])[0].float()
+
+    fused = step("on")
+    assert calls and all(calls)  # every norm + projection of the step went to the fused kernel
+    calls.clear()
+    unfused = step("off")
+    assert calls and not any(calls)
+    torch.testing.assert_close(fused, unfused, rtol=3e-2, atol=3e-2)
