@@ -32,7 +32,7 @@ from specsplit.kernels.rejection_sampling import rejection_sample_torch, sample_
 from specsplit.kernels.rms_norm import add_rms_norm_torch
 from specsplit.kernels.rotary_kv import rotary_kv_torch
 from specsplit.kernels.silu_mul import silu_mul_torch
-from specsplit.kernels.skinny_linear import SKINNY_MAX_ROWS
+from specsplit.kernels.skinny_linear import skinny_takes
 from specsplit.kernels.typical_acceptance import typical_accept_torch
 
 ENV_VAR = "SPECSPLIT_KERNELS"
@@ -93,15 +93,16 @@ def on_device(tensor: torch.Tensor):
 
 
 def _skinny(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether a matmul goes to the few-rows kernel (kernels/skinny_linear.py): a decode step's rows, 16-bit, on
-    Triton, outside the batch-invariant mode (whose GEMM fixes its arithmetic by shape, not by rows)."""
-    return (x.dim() == 2 and x.shape[0] <= SKINNY_MAX_ROWS and x.dtype in (torch.bfloat16, torch.float16)
+    """Whether a matmul goes to the few-rows kernel (kernels/skinny_linear.py): where it wins (`skinny_takes`: one
+    row, a small model's weight), 16-bit, on Triton, outside the batch-invariant mode (whose GEMM fixes its arithmetic
+    by shape, not by rows)."""
+    return (x.dim() == 2 and skinny_takes(x.shape[0], weight.numel()) and x.dtype in (torch.bfloat16, torch.float16)
             and weight.dtype == x.dtype and not batch_invariant() and os.environ.get(SKINNY_ENV, "on") != "off"
             and use_triton(x))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight^T + bias. Default: the few-rows kernel for a decode step's rows on a GPU, torch's F.linear
+    """x @ weight^T + bias. Default: the few-rows kernel for a small model's one-row step on a GPU, torch's F.linear
     (cuBLAS, the CPU's BLAS) otherwise. Batch-invariant: the Triton GEMM on a GPU (16- and 32-bit floats), the
     fixed-order torch reference elsewhere."""
     if _skinny(x, weight):
@@ -153,7 +154,7 @@ def add_rms_norm(x, residual, weight, eps: float):
 
 def norm_linear(x, residual, norm_weight, eps: float, weight, bias, silu_mul_after: bool = False):
     """(linear(weight * rmsnorm(x + residual)) [then SiLU * up], x + residual): one kernel for a decode step's rows
-    on a GPU, add_rms_norm then linear [then silu_mul] otherwise."""
+    on a GPU where the few-rows kernel takes it, add_rms_norm then linear [then silu_mul] otherwise."""
     if _skinny(x, weight) and norm_weight.dtype == x.dtype:
         from specsplit.kernels.skinny_linear_triton import norm_linear_triton
 

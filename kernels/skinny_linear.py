@@ -11,9 +11,9 @@ step). The Triton version (kernels/skinny_linear_triton.py) computes each of the
 - `linear_silu_mul`: SiLU(gate) * up of the fused gate/up projection in its epilogue;
 - `skinny_linear`: the plain product (o_proj, down_proj), one kernel with no split-K reduction after it.
 
-The arithmetic is the unfused path's, step for step (add_rms_norm_torch's roundings, the product summed in float32
-and rounded once with its bias, silu_mul_torch's roundings); only the order of the K sums differs, as between any two
-matmul kernels.
+The arithmetic is the unfused path's (the residual add rounded as torch rounds it, the product summed in float32 and
+rounded once with its bias, silu_mul_torch's roundings) but for the norm: the fused kernel scales the finished sums
+by 1/rms instead of rounding the normed row to 16 bits before the matmul (skinny_linear_triton.py says why).
 
     x, residual: [rows, K]; norm_weight: [K]; weight: [N, K]; bias: [N] or None
 """
@@ -24,7 +24,16 @@ import torch.nn.functional as F
 from specsplit.kernels.rms_norm import add_rms_norm_torch
 from specsplit.kernels.silu_mul import silu_mul_torch
 
-SKINNY_MAX_ROWS = 8  # the most rows the Triton kernel takes (a decode step's batch, k + 1 rows of one verification)
+SKINNY_MAX_ROWS = 8  # the most rows the Triton kernel takes
+# Where the kernel runs by default (kernels/dispatch.py): one row, and a weight of at most this many elements. On an
+# H100 (bench/bench_skinny_linear.py) it beat the unfused kernels there (the 0.5B draft's layers) and lost to cuBLAS
+# on the 7B's weights (15-40% slower: cuBLAS streams a large weight faster) and at 5 or 8 rows (its rows share
+# CUDA cores, not tensor cores: 2-4x slower).
+SKINNY_MAX_WEIGHT_ELEMENTS = 10 * 1024 * 1024
+
+
+def skinny_takes(rows: int, weight_elements: int) -> bool:
+    return rows == 1 and weight_elements <= SKINNY_MAX_WEIGHT_ELEMENTS
 
 
 def norm_linear_torch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,

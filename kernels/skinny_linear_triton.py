@@ -6,9 +6,12 @@ One kernel per projection, no split of K and so no reduction kernel after it: pr
 rows (at most MAX_ROWS) live in registers; the products accumulate elementwise in a [BLOCK_M, BLOCK_N, BLOCK_K]
 float32 tile and are summed across K once at the end, so the loop is loads and FMAs only.
 
-- HAS_NORM: the prologue. A first pass over the rows' K computes each row's sum of squares of x + residual (every
-  program does, from L2: a few KB per row); program 0 also writes x + residual, the residual stream. The main loop
-  then normalises each x tile as it loads it, with add_rms_norm's roundings.
+- HAS_NORM: the prologue, in the same pass over K: each x tile gets the residual added (rounded as torch's add;
+  program 0 writes the sum, the residual stream) and the norm's weight multiplied in, while the row's sum of squares
+  accumulates beside the products; the row's scale 1/rms multiplies the finished sums. One pass, so the weight
+  streams from the first instruction; the price is rounding: the unfused path rounds the normed row to 16 bits
+  twice (after the scale, after the weight) before the matmul, this kernel not at all (it is the more exact of the
+  two, and differs from it by those roundings, as two matmul kernels differ by their sum orders).
 - SILU_MUL: the epilogue. Each program accumulates its gate columns and the matching up columns (weight rows n and
   n + N) and writes SiLU(gate) * up, with silu_mul's roundings.
 
@@ -37,8 +40,12 @@ class SkinnyConfig:
 
 
 def skinny_config(rows: int, n: int, k: int, silu_mul: bool, device: torch.device) -> SkinnyConfig:
-    """Column tiles small enough that the programs cover the SMs about twice, K tiles as long as the accumulator's
-    budget allows (two accumulators with SiLU * up)."""
+    """One row (what runs by default): four columns a program and K in one or few long tiles, the fastest in the
+    H100 sweep for every 0.5B weight (bench/bench_skinny_linear.py --sweep). More rows (tests, sweeps): column tiles
+    small enough that the programs cover the SMs about twice, K tiles as long as the accumulator's budget allows
+    (two accumulators with SiLU * up)."""
+    if rows == 1:
+        return SkinnyConfig(4, max(32, min(512 if silu_mul else 1024, triton.next_power_of_2(k))), 4)
     block_m = triton.next_power_of_2(max(rows, 1))
     spread = max(1, n // (_PROGRAMS_PER_SM * sm_count(device)))
     block_n = max(4, min(32, 1 << (spread.bit_length() - 1)))
@@ -67,36 +74,26 @@ def _skinny_linear_kernel(
     r_rows = residual_ptr + rows[:, None].to(tl.int64) * stride_r
     w_rows = weight_ptr + cols[:, None].to(tl.int64) * stride_w
 
-    if HAS_NORM:
-        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            mask = row_mask[:, None] & (ks[None, :] < K)
-            h = tl.load(x_rows + ks[None, :], mask=mask, other=0.0)
-            if HAS_RESIDUAL:
-                r = tl.load(r_rows + ks[None, :], mask=mask, other=0.0)
-                h = cast_rtne(h.to(tl.float32) + r.to(tl.float32), dtype, INTERPRETER)
-                out_rows = residual_out_ptr + rows[:, None].to(tl.int64) * stride_ro
-                tl.store(out_rows + ks[None, :], h, mask=mask & (tl.full([BLOCK_M, BLOCK_K], pid, tl.int32) == 0))
-            h32 = h.to(tl.float32)
-            squares += tl.sum(h32 * h32, axis=1)
-        rstd = tl.math.rsqrt(squares / K + eps)
-
     acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
     if SILU_MUL:
         acc_up = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    if HAS_NORM:
+        squares = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_mask = ks < K
-        x = tl.load(x_rows + ks[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-        if HAS_NORM:
-            if HAS_RESIDUAL:
-                r = tl.load(r_rows + ks[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-                x = cast_rtne(x.to(tl.float32) + r.to(tl.float32), dtype, INTERPRETER)
-            normed = cast_rtne(x.to(tl.float32) * rstd[:, None], dtype, INTERPRETER)
-            norm_w = tl.load(norm_weight_ptr + ks, mask=k_mask, other=0.0)
-            x = cast_rtne(norm_w.to(tl.float32)[None, :] * normed.to(tl.float32), out_dtype, INTERPRETER)
-        x3 = x.to(tl.float32)[:, None, :]
+        x_mask = row_mask[:, None] & k_mask[None, :]
+        x = tl.load(x_rows + ks[None, :], mask=x_mask, other=0.0)
+        if HAS_RESIDUAL:  # the residual add rounds to the activations' dtype, as torch's add does
+            r = tl.load(r_rows + ks[None, :], mask=x_mask, other=0.0)
+            x = cast_rtne(x.to(tl.float32) + r.to(tl.float32), dtype, INTERPRETER)
+            out_rows = residual_out_ptr + rows[:, None].to(tl.int64) * stride_ro
+            tl.store(out_rows + ks[None, :], x, mask=x_mask & (tl.full([BLOCK_M, BLOCK_K], pid, tl.int32) == 0))
+        x32 = x.to(tl.float32)
+        if HAS_NORM:  # the row's scale comes after the sum; the norm's weight goes in here
+            squares += x32 * x32
+            x32 = x32 * tl.load(norm_weight_ptr + ks, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+        x3 = x32[:, None, :]
         w = tl.load(w_rows + ks[None, :], mask=col_mask[:, None] & k_mask[None, :], other=0.0)
         acc += x3 * w.to(tl.float32)[None, :, :]
         if SILU_MUL:
@@ -104,11 +101,16 @@ def _skinny_linear_kernel(
             acc_up += x3 * w_up.to(tl.float32)[None, :, :]
 
     y = tl.sum(acc, axis=2)
+    if HAS_NORM:
+        rstd = tl.math.rsqrt(tl.sum(squares, axis=1) / K + eps)
+        y = y * rstd[:, None]
     if HAS_BIAS:
         y += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     y = cast_rtne(y, out_dtype, INTERPRETER)
     if SILU_MUL:
         up = tl.sum(acc_up, axis=2)
+        if HAS_NORM:
+            up = up * rstd[:, None]
         if HAS_BIAS:
             up += tl.load(bias_ptr + N + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
         up = cast_rtne(up, out_dtype, INTERPRETER)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from specsplit.kernels.rms_norm import add_rms_norm_torch
-from specsplit.kernels.skinny_linear import linear_silu_mul_torch, norm_linear_torch
+from specsplit.kernels.skinny_linear import linear_silu_mul_torch, norm_linear_torch, skinny_takes
 from specsplit.kernels.skinny_linear_triton import (MAX_ROWS, SkinnyConfig, linear_silu_mul_triton, norm_linear_triton,
                                                     skinny_config, skinny_linear_triton)
 from specsplit.kernels.silu_mul import silu_mul_torch
@@ -67,27 +67,34 @@ def test_linear_silu_mul_and_plain_match_reference(rows, n, k, dtype, with_bias,
                                **_tolerance(dtype))
 
 
-def test_bf16_roundings_are_the_unfused_ones(device, generator):
-    """With a K short enough that the sum order cannot matter (exact float32 sums), the fused bf16 result is the
-    unfused bf16 path's bit for bit: the same roundings at the same steps."""
+def test_bf16_roundings(device, generator):
+    """With a K short enough that the sums are exact: the norm's scale applied to the finished float32 sum and one
+    rounding (the fused kernel rounds no normed row), and SiLU * up rounded as the unfused path rounds it."""
     x = torch.randint(-4, 5, (2, 8), generator=generator).to(torch.bfloat16).to(device)
     residual = torch.randint(-4, 5, (2, 8), generator=generator).to(torch.bfloat16).to(device)
     norm_weight = torch.randn(8, generator=generator).to(torch.bfloat16).to(device)
     weight = torch.randint(-3, 4, (12, 8), generator=generator).to(torch.bfloat16).to(device)
     out, _ = norm_linear_triton(x, residual, norm_weight, 1e-6, weight, None)
-    normed, _ = add_rms_norm_torch(x.cpu(), residual.cpu(), norm_weight.cpu(), 1e-6)
-    want = (normed.float() @ weight.cpu().float().T).to(torch.bfloat16)  # one rounding of the float32 sum
-    torch.testing.assert_close(out.cpu().float(), want.float(), rtol=0, atol=0.0625)  # rstd's last bit at most
+    h = (x + residual).cpu().double()
+    rstd = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+    want = (rstd * ((h * norm_weight.cpu().double()) @ weight.cpu().double().T)).to(torch.bfloat16)
+    torch.testing.assert_close(out.cpu().float(), want.float(), rtol=2**-8, atol=0)  # at most one rounding step
     activated = linear_silu_mul_triton(x, weight, None)
     assert torch.equal(activated.cpu(), silu_mul_torch((x.cpu().float() @ weight.cpu().float().T).to(torch.bfloat16)))
 
 
-def test_config_spreads_columns_and_bounds_the_accumulator():
+def test_config_one_row_streams_k_in_long_tiles_more_rows_bound_the_accumulator():
     one_row = skinny_config(1, 896, 896, False, torch.device("cpu"))
-    assert one_row.block_n * one_row.block_k <= 1024 * one_row.num_warps
-    wide = skinny_config(1, 151936, 896, False, torch.device("cpu"))
-    assert wide.block_n == 32  # enough columns for every SM: the widest tile
-    assert skinny_config(8, 896, 896, True, torch.device("cpu")).block_k >= 32
+    assert (one_row.block_n, one_row.block_k) == (4, 1024)
+    assert skinny_config(1, 4864, 896, True, torch.device("cpu")).block_k == 512  # two accumulators
+    eight = skinny_config(8, 896, 896, True, torch.device("cpu"))
+    assert 8 * eight.block_n * eight.block_k * 2 <= 1024 * eight.num_warps
+
+
+def test_the_default_route_is_one_row_of_a_small_weight():
+    assert skinny_takes(1, 896 * 4864)
+    assert not skinny_takes(2, 896 * 4864)  # rows share CUDA cores: cuBLAS's tensor cores win
+    assert not skinny_takes(1, 3584 * 18944)  # a 7B weight: cuBLAS streams it faster
 
 
 def test_more_rows_than_the_kernel_takes_is_an_error(device):
@@ -96,9 +103,9 @@ def test_more_rows_than_the_kernel_takes_is_an_error(device):
         skinny_linear_triton(x, torch.zeros(4, 8, device=device), None, SkinnyConfig(4, 32, 4))
 
 
-def test_a_model_step_through_the_fused_kernels_computes_the_unfused_logits(tmp_path, monkeypatch):
+def test_a_decode_step_through_the_fused_kernels_computes_the_unfused_logits(tmp_path, monkeypatch):
     """The decoder wired to the fused kernels (norm into q/k/v and gate/up, SiLU * up into gate/up): a bf16 tiny
-    model's step of a few rows gives the logits of the unfused kernels, every other kernel the same (all Triton)."""
+    model's one-row decode step gives the logits of the unfused kernels, every other kernel the same (all Triton)."""
     from specsplit.kernels import dispatch
     from specsplit.services.models.loader import load_model
     from specsplit.services.runtime.model_runner import ForwardItem, ModelRunner
@@ -116,16 +123,21 @@ def test_a_model_step_through_the_fused_kernels_computes_the_unfused_logits(tmp_
 
     monkeypatch.setattr("specsplit.services.models.decoder.norm_linear", counting)
 
-    def step(skinny: str):
+    def decode_step(skinny: str):
+        """A prompt's prefill (several rows: the unfused kernels), then one token's decode step (one row)."""
         monkeypatch.setenv(dispatch.SKINNY_ENV, skinny)
         runner = ModelRunner(loaded, num_blocks=8)
-        item = ForwardItem(runner.block_manager.allocate(0), [5, 17, 99, 3, 42], 4)
-        assert runner.reserve([item]) == [None]
-        return runner.forward([item])[0].float()
+        table = runner.block_manager.allocate(0)
+        prefill = ForwardItem(table, [5, 17, 99, 3], 1)
+        assert runner.reserve([prefill]) == [None]
+        runner.forward([prefill])
+        calls.clear()
+        decode = ForwardItem(table, [42], 1)
+        assert runner.reserve([decode]) == [None]
+        return runner.forward([decode])[0].float()
 
-    fused = step("on")
-    assert calls and all(calls)  # every norm + projection of the step went to the fused kernel
-    calls.clear()
-    unfused = step("off")
+    fused = decode_step("on")
+    assert calls and all(calls)  # every norm + projection of the one-row step went to the fused kernel
+    unfused = decode_step("off")
     assert calls and not any(calls)
     torch.testing.assert_close(fused, unfused, rtol=3e-2, atol=3e-2)
