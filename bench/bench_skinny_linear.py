@@ -51,7 +51,7 @@ def log(*args):
 def sweep_configs(rows: int, silu: bool) -> list[SkinnyConfig]:
     block_m = 1 << (max(rows, 1) - 1).bit_length()
     out = []
-    for block_n, block_k, warps in itertools.product((2, 4, 8, 16), (256, 512, 1024, 2048), (4, 8)):
+    for block_n, block_k, warps in itertools.product((2, 4, 8), (512, 1024, 2048, 4096), (4, 8)):
         if block_m * block_n * block_k * (2 if silu else 1) <= 2048 * warps:
             out.append(SkinnyConfig(block_n, block_k, warps))
     return out

@@ -25,15 +25,14 @@ from specsplit.kernels.rms_norm import add_rms_norm_torch
 from specsplit.kernels.silu_mul import silu_mul_torch
 
 SKINNY_MAX_ROWS = 8  # the most rows the Triton kernel takes
-# Where the kernel runs by default (kernels/dispatch.py): one row, and a weight of at most this many elements. On an
-# H100 (bench/bench_skinny_linear.py) it beat the unfused kernels there (the 0.5B draft's layers) and lost to cuBLAS
-# on the 7B's weights (15-40% slower: cuBLAS streams a large weight faster) and at 5 or 8 rows (its rows share
-# CUDA cores, not tensor cores: 2-4x slower).
-SKINNY_MAX_WEIGHT_ELEMENTS = 10 * 1024 * 1024
 
 
-def skinny_takes(rows: int, weight_elements: int) -> bool:
-    return rows == 1 and weight_elements <= SKINNY_MAX_WEIGHT_ELEMENTS
+def skinny_takes(rows: int) -> bool:
+    """Where the kernel runs by default (kernels/dispatch.py): one row. On an H100 (bench/bench_skinny_linear.py) it
+    beat the unfused kernels there on the 0.5B draft's layers (a layer 30.6 -> 25.7 us) and both lm_heads (8-9%)
+    and matched cuBLAS on the 7B's layers; at 5 or 8 rows it lost 2-4x (its rows share CUDA cores, cuBLAS's use
+    tensor cores)."""
+    return rows == 1
 
 
 def norm_linear_torch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,

@@ -40,12 +40,14 @@ class SkinnyConfig:
 
 
 def skinny_config(rows: int, n: int, k: int, silu_mul: bool, device: torch.device) -> SkinnyConfig:
-    """One row (what runs by default): four columns a program and K in one or few long tiles, the fastest in the
-    H100 sweep for every 0.5B weight (bench/bench_skinny_linear.py --sweep). More rows (tests, sweeps): column tiles
+    """One row (what runs by default): K in one or few long tiles, four columns a program (two for long rows, to
+    spread them over more programs), the fastest or within 2% of it in the H100 sweep for every 0.5B weight
+    (bench/bench_skinny_linear.py --sweep). More rows (tests, sweeps): column tiles
     small enough that the programs cover the SMs about twice, K tiles as long as the accumulator's budget allows
     (two accumulators with SiLU * up)."""
     if rows == 1:
-        return SkinnyConfig(4, max(32, min(512 if silu_mul else 1024, triton.next_power_of_2(k))), 4)
+        block_k = max(32, min(1024 if silu_mul else 2048, triton.next_power_of_2(k)))
+        return SkinnyConfig(2 if k > 2048 else 4, block_k, 4)
     block_m = triton.next_power_of_2(max(rows, 1))
     spread = max(1, n // (_PROGRAMS_PER_SM * sm_count(device)))
     block_n = max(4, min(32, 1 << (spread.bit_length() - 1)))
