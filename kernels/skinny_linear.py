@@ -27,12 +27,16 @@ from specsplit.kernels.silu_mul import silu_mul_torch
 SKINNY_MAX_ROWS = 8  # the most rows the Triton kernel takes
 
 
-def skinny_takes(rows: int) -> bool:
-    """Where the kernel runs by default (kernels/dispatch.py): one row. On an H100 (bench/bench_skinny_linear.py) it
-    beat the unfused kernels there on the 0.5B draft's layers (a layer 30.6 -> 25.7 us) and both lm_heads (8-9%)
-    and matched cuBLAS on the 7B's layers; at 5 or 8 rows it lost 2-4x (its rows share CUDA cores, cuBLAS's use
-    tensor cores)."""
-    return rows == 1
+SMALL_WEIGHT_ELEMENTS = 10 * 1024 * 1024
+
+
+def skinny_takes(rows: int, n: int, k: int) -> bool:
+    """Where the kernel runs by default (kernels/dispatch.py): one row of a small model's weight (at most
+    SMALL_WEIGHT_ELEMENTS) or of a vocabulary projection (N at least 16 K). On an H100 (bench/bench_skinny_linear.py,
+    bench/results/skinny_linear_h100*.json) it beat the unfused kernels on the 0.5B draft's layers (a layer 30.6 ->
+    24.5 us) and cuBLAS on both lm_heads (9-10%), and lost on the 7B's layers (a layer 181.6 -> 189.5 us: cuBLAS
+    streams a large weight faster) and at 8 rows (2-4x: its rows share CUDA cores, cuBLAS's use tensor cores)."""
+    return rows == 1 and (n * k <= SMALL_WEIGHT_ELEMENTS or n >= 16 * k)
 
 
 def norm_linear_torch(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,

@@ -93,8 +93,11 @@ def test_config_one_row_streams_k_in_long_tiles_more_rows_bound_the_accumulator(
     assert 8 * eight.block_n * eight.block_k * 2 <= 1024 * eight.num_warps
 
 
-def test_the_default_route_is_one_row():
-    assert skinny_takes(1) and not skinny_takes(2)  # more rows share CUDA cores: cuBLAS's tensor cores win
+def test_the_default_route_is_one_row_of_a_small_weight_or_an_lm_head():
+    assert skinny_takes(1, 9728, 896) and skinny_takes(1, 896, 4864)  # the 0.5B draft's gate/up and down
+    assert skinny_takes(1, 152064, 3584)  # the 7B's lm_head
+    assert not skinny_takes(1, 37888, 3584)  # the 7B's gate/up: cuBLAS streams it faster
+    assert not skinny_takes(2, 9728, 896)  # more rows share CUDA cores: cuBLAS's tensor cores win
 
 
 def test_more_rows_than_the_kernel_takes_is_an_error(device):
