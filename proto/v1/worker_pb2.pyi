@@ -190,7 +190,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("role", "model", "vocab_size", "max_model_len", "kv_blocks_total", "kv_blocks_used", "block_size", "sequences", "queue_depth", "eos_token_ids", "model_path", "sequences_prefilled", "proposer", "tensor_parallel_size", "batch_invariant", "round_port", "round_channel_prefills")
+    __slots__ = ("role", "model", "vocab_size", "max_model_len", "kv_blocks_total", "kv_blocks_used", "block_size", "sequences", "queue_depth", "eos_token_ids", "model_path", "sequences_prefilled", "proposer", "tensor_parallel_size", "batch_invariant", "round_port", "round_channel_prefills", "synthetic_acceptance")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +208,7 @@ class WorkerInfo(_message.Message):
     BATCH_INVARIANT_FIELD_NUMBER: _ClassVar[int]
     ROUND_PORT_FIELD_NUMBER: _ClassVar[int]
     ROUND_CHANNEL_PREFILLS_FIELD_NUMBER: _ClassVar[int]
+    SYNTHETIC_ACCEPTANCE_FIELD_NUMBER: _ClassVar[int]
     role: str
     model: str
     vocab_size: int
@@ -225,4 +226,5 @@ class WorkerInfo(_message.Message):
     batch_invariant: bool
     round_port: int
     round_channel_prefills: bool
-    def __init__(self, role: _Optional[str] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., block_size: _Optional[int] = ..., sequences: _Optional[int] = ..., queue_depth: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., model_path: _Optional[str] = ..., sequences_prefilled: _Optional[int] = ..., proposer: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ..., batch_invariant: _Optional[bool] = ..., round_port: _Optional[int] = ..., round_channel_prefills: _Optional[bool] = ...) -> None: ...
+    synthetic_acceptance: float
+    def __init__(self, role: _Optional[str] = ..., model: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., block_size: _Optional[int] = ..., sequences: _Optional[int] = ..., queue_depth: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., model_path: _Optional[str] = ..., sequences_prefilled: _Optional[int] = ..., proposer: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ..., batch_invariant: _Optional[bool] = ..., round_port: _Optional[int] = ..., round_channel_prefills: _Optional[bool] = ..., synthetic_acceptance: _Optional[float] = ...) -> None: ...

@@ -30,7 +30,8 @@ class ColocatedTargetClient:
         self.service = service
         self.name = name
         self.info = worker_info("target", service.model_name, service.verifier.runner, service.verifier.sequences,
-                                service.batcher)
+                                service.batcher, synthetic_acceptance=service.verifier.synthetic_acceptance)
+        self.synthetic_acceptance = service.verifier.synthetic_acceptance  # benchmark only
         self.vocab_size = self.info.vocab_size
         self.max_model_len = self.info.max_model_len
 

@@ -12,7 +12,7 @@ import random
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from specsplit.services.coordinator.admission import apply_model_limits, check_encodable, new_handle, new_request_id
 from specsplit.services.coordinator.call_deadlines import DeadlineSettings
@@ -24,9 +24,10 @@ from specsplit.services.coordinator.replica_pools import ReplicaPool, pick_varia
 from specsplit.services.coordinator.sequence_state import SequenceState
 from specsplit.services.coordinator.speculation_policy import SpeculationPolicy, bucket_of
 from specsplit.services.coordinator.stop_checker import StopChecker
-from specsplit.services.draft.proposer import DraftPrefill, ProposeItem
+from specsplit.services.draft.proposer import DraftPrefill, Proposal, ProposeItem
 from specsplit.services.errors import InvalidArgument, KVCacheFull, ResourceExhausted, Unavailable, UnknownSequence
 from specsplit.services.runtime.worker_sequences import WorkerSampling
+from specsplit.services.target.synthetic_acceptance import synthetic_guess_right
 from specsplit.services.target.verifier import TargetPrefill, VerifyItem
 from specsplit.services.telemetry import round_timeline
 from specsplit.services.telemetry.coordinator_telemetry import CoordinatorTelemetry
@@ -416,7 +417,12 @@ class Coordinator:
         proposals = self._take_pre_proposals(sequences, k_of)
         pre_proposed = bool(proposals)
         overlap = self._overlap_this_round(sequences, k_of, batch, rate_of)
-        proposing = [s for s in sequences if k_of[s] > 0 and s not in proposals]
+        # An overlapped round never waits for the draft where it need not: a sequence without proposals made ahead
+        # decodes alone this round while its draft catches up beside the verification (pre_proposals.py); one whose
+        # output depends on how its rounds are cut (seeded sampling) proposes first, as in a serial round.
+        catching_up = {s for s in sequences
+                       if overlap and k_of[s] > 0 and s not in proposals and _rounds_may_be_cut(s.request.params)}
+        proposing = [s for s in sequences if k_of[s] > 0 and s not in proposals and s not in catching_up]
         started = time.perf_counter()
         propose_calls = [
             self._call(client, "propose", [ProposeItem(s.handle, s.draft_cached, s.committed[s.draft_cached :],
@@ -435,13 +441,15 @@ class Coordinator:
             self._call(client, "verify", [self._verify_item(s, *proposals.get(s, (None, None))) for s in group], group)
             for client, group in _group(live, lambda s: s.target)
         ]
-        # While the target verifies, the draft proposes the next round from the optimistic continuation.
-        ahead = {s: self._ahead_length(s, batch, k_of[s]) for s in live
+        # While the target verifies, the draft proposes the next round from the optimistic continuation: after this
+        # round's proposals and bonus guess, or, catching up, after its guess of the one token this round decodes.
+        ahead = {s: self._ahead_length(s, batch, k_of[s], k_of[s] + 1) for s in live
                  if overlap and s in proposals and proposals[s][1] is not None}
+        ahead.update({s: self._ahead_length(s, batch, k_of[s], 1) for s in live if s in catching_up})
         ahead = {s: n for s, n in ahead.items() if n > 0}
         ahead_calls = [
-            self._call(client, "propose", [ProposeItem(s.handle, proposals[s][0].num_cached, [proposals[s][1]], ahead[s])
-                                           for s in group], group)
+            self._call(client, "propose", [self._ahead_item(s, proposals, ahead[s], s in catching_up) for s in group],
+                       group)
             for client, group in _group(list(ahead), lambda s: s.draft)
         ]
         verify_results, ahead_results, verify_seconds, ahead_seconds = await self._verify_and_propose_ahead(
@@ -458,6 +466,11 @@ class Coordinator:
                     continue
                 proposal, guess = proposals.get(sequence, (None, None))
                 committed_len = len(sequence.committed)
+                caught_up = pre_proposals.get(sequence) if sequence in catching_up else None
+                if isinstance(caught_up, Exception):
+                    caught_up = None  # handled with the other draft errors below
+                if caught_up is not None:
+                    verdict = self._check_catch_up_guess(sequence, verdict, caught_up)
                 if proposal is not None:
                     # The draft's KV is valid up to the accepted proposals it computed.
                     sequence.draft_cached = min(proposal.num_cached, committed_len + verdict.num_accepted)
@@ -470,6 +483,8 @@ class Coordinator:
                 self._commit(sequence, verdict, len(proposal.token_ids) if proposal else 0, records)
                 if guess is not None and verdict.num_accepted == len(proposal.token_ids):
                     self._keep_pre_proposal(sequence, verdict, guess, committed_len, pre_proposals.get(sequence))
+                elif caught_up is not None:
+                    self._keep_catch_up(sequence, verdict, committed_len, caught_up)
         self._notify("round", records)
         for sequence, pre_proposal in pre_proposals.items():
             if isinstance(pre_proposal, Exception) and not sequence.finished:
@@ -482,9 +497,9 @@ class Coordinator:
             self.policy.record_costs(batch, k, proposed - started, verified - proposed)
         elif clean and ahead_calls:
             self.overlap.record_phase(batch, k, verified - proposed, ahead_seconds)
-            # The speculation policy's costs too (k+1 proposals ahead: k of them its propose cost), so that k stays
-            # adaptive while every round overlaps; concurrent calls only ever look slower, never faster.
-            self.policy.record_costs(batch, k, ahead_seconds * k / (k + 1), verify_seconds)
+            # The speculation policy's costs too (up to k+2 proposals ahead: k of them its propose cost), so that k
+            # stays adaptive while every round overlaps; concurrent calls only ever look slower, never faster.
+            self.policy.record_costs(batch, k, ahead_seconds * k / max(ahead.values()), verify_seconds)
         self.telemetry.round_chosen(k, batch)
         round_timeline.mark("round.committed")
 
@@ -502,7 +517,8 @@ class Coordinator:
         concurrent = all(getattr(s.draft, "concurrent", True) and getattr(s.target, "concurrent", True)
                          for s in speculating)
         rates = [rate_of[s] for s in speculating]
-        return self.overlap.decide(batch, k, rates, t_propose, t_verify, concurrent)
+        may_catch_up = [_rounds_may_be_cut(s.request.params) for s in speculating]
+        return self.overlap.decide(batch, k, rates, t_propose, t_verify, concurrent, may_catch_up)
 
     def _guesses(self, sequence: SequenceState, k: int, overlap: bool) -> int:
         """1 when the propose call also samples the bonus guess (an overlapped round with room for one more)."""
@@ -510,15 +526,26 @@ class Coordinator:
             return 0
         return int(k + 1 <= sequence.draft.max_model_len - len(sequence.committed) + 1)
 
-    def _ahead_length(self, sequence: SequenceState, batch: int, k: int) -> int:
+    def _ahead_length(self, sequence: SequenceState, batch: int, k: int, ahead: int) -> int:
         """Proposals (with their own guess when there is room) of the next round, drawn ahead from the optimistic
-        continuation: the k that round gets if it comes true, at most this round's k (seeded requests keep theirs)."""
-        ahead = k + 1
-        next_k = min(k, self._speculation_length(sequence, batch, ahead=ahead))
+        continuation `ahead` tokens past the committed ones: the k that round gets if it comes true, at most this
+        round's k (seeded requests keep theirs). Catching up (ahead = 1), the guess of this round's token comes first,
+        within the draft call's bound."""
+        bound = self.config.max_speculative_tokens - (1 if ahead == 1 else 0)
+        next_k = min(k, bound, self._speculation_length(sequence, batch, ahead=ahead))
         if next_k <= 0:
             return 0
         room = sequence.draft.max_model_len - (len(sequence.committed) + ahead) + 1
-        return next_k + int(next_k + 1 <= min(room, self.config.max_speculative_tokens))
+        return next_k + int(next_k + 1 <= min(room, bound))
+
+    def _ahead_item(self, sequence: SequenceState, proposals: dict, length: int, catching_up: bool) -> ProposeItem:
+        """The draft's call beside the verification: from the proposals and their bonus guess, or, catching up, from
+        the committed tokens it has not run yet, with one more proposal first (the guess of this round's token)."""
+        if catching_up:
+            return ProposeItem(sequence.handle, sequence.draft_cached, sequence.committed[sequence.draft_cached :],
+                               1 + length)
+        proposal, guess = proposals[sequence]
+        return ProposeItem(sequence.handle, proposal.num_cached, [guess], length)
 
     def _take_pre_proposals(self, sequences: list[SequenceState], k_of: dict) -> dict:
         """The pre-proposals whose continuation came true, cut to this round's k (their next token the new guess)."""
@@ -543,6 +570,36 @@ class Coordinator:
             return
         sequence.draft_cached = len(sequence.committed)
         sequence.pre_proposal = PreProposal(pre, sequence.draft, len(sequence.committed))
+
+    def _check_catch_up_guess(self, sequence: SequenceState, verdict, caught_up):
+        """A sequence that decoded alone while its draft caught up: whether the draft's first token guessed the
+        target's. In the synthetic-acceptance benchmark mode (NOT lossless) a coin of the target's alpha says so, at
+        that position's synthetic stream, and a right guess replaces the target's token, as the verifier does for a
+        bonus guess (synthetic_acceptance.py)."""
+        if not caught_up.token_ids or len(verdict.token_ids) != 1:
+            return verdict
+        guess = caught_up.token_ids[0]
+        alpha = getattr(sequence.target, "synthetic_acceptance", None)
+        if alpha is not None and verdict.token_ids[0] != guess:
+            if synthetic_guess_right(alpha, sequence.sampling.seed, len(sequence.committed)):
+                return replace(verdict, token_ids=[guess], logprobs=None)
+        return verdict
+
+    def _keep_catch_up(self, sequence: SequenceState, verdict, committed_len: int, caught_up) -> None:
+        """After a round that decoded one token while the draft caught up: the draft's KV holds every token committed
+        before it; when its guess was that token, the proposals it drew beyond are the next round's."""
+        sequence.draft_cached = min(caught_up.num_cached, committed_len)
+        if not caught_up.token_ids:
+            return
+        matched = verdict.token_ids[:1] == caught_up.token_ids[:1]
+        self.overlap.record_guess(matched)
+        beyond = caught_up.token_ids[1:]
+        if (not matched or not beyond or sequence.finished or len(sequence.committed) != committed_len + 1
+                or caught_up.num_cached < committed_len + 1):
+            return
+        sequence.draft_cached = committed_len + 1
+        ahead = Proposal(beyond, caught_up.q_token_ids[1:], caught_up.q_probs[1:], caught_up.num_cached)
+        sequence.pre_proposal = PreProposal(ahead, sequence.draft, len(sequence.committed))
 
     async def _verify_and_propose_ahead(self, verify_calls: list, ahead_calls: list):
         """The verification and the proposals ahead at once; returns both results and each side's seconds."""
@@ -808,7 +865,14 @@ def _follows_policy(params) -> bool:
     asks for a fixed k gets exactly it, and so does a seeded sampled one: its tokens depend on how many were proposed
     each round, so a fixed k keeps the promise that a seed reproduces its output whatever else is batched. Greedy
     output never depends on k."""
-    return not params.fixed_speculation and (params.greedy or params.seed is None)
+    return not params.fixed_speculation and _rounds_may_be_cut(params)
+
+
+def _rounds_may_be_cut(params) -> bool:
+    """Whether a request's output is the same however its rounds are cut (how many proposals each verifies): greedy
+    output always is; a seeded sampled one's tokens depend on it (its seed must reproduce them), an unseeded one
+    promises no particular tokens."""
+    return params.greedy or params.seed is None
 
 
 def _group(sequences: list[SequenceState], key) -> list[tuple[object, list[SequenceState]]]:

@@ -86,6 +86,11 @@ class _GrpcWorkerClient:
         return self.info.max_model_len
 
     @property
+    def synthetic_acceptance(self) -> float | None:
+        """A target's synthetic acceptance rate (benchmark only, NOT lossless); None in serving."""
+        return self.info.synthetic_acceptance if self.info.HasField("synthetic_acceptance") else None
+
+    @property
     def proposer_kind(self) -> str:
         """A draft's proposer: "model" or "ngram" (older workers say nothing: "model")."""
         return self.info.proposer or "model"

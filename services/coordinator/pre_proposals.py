@@ -7,6 +7,12 @@ equals the guess): then its tokens were drawn from the draft's q given the conte
 the same counter uniforms (seed, absolute position) a fresh proposal would use, so rejection sampling stays exact
 and seeded output does not depend on whether the round overlapped. Otherwise it is dropped; the next propose call
 rewinds the draft's KV to the accepted prefix (ProposeItem.cached_len).
+
+A sequence left without a pre-proposal *catches up* in the next overlapped round (coordinator.py): the target decodes
+one token for it with no proposals, while the draft runs the committed tokens it has not seen, draws d_1 (its guess
+of that token) and d_2..d_{k+1} (+ a bonus guess) beyond it. When the target's token is d_1, d_2.. is a pre-proposal
+for the round after, drawn, as above, from the context that came true. Seeded sampled sequences never catch up: their
+tokens depend on how many proposals each round verifies.
 """
 
 from dataclasses import dataclass

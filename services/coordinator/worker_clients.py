@@ -59,6 +59,7 @@ class LocalTargetClient:
     def __init__(self, verifier: TargetVerifier, name: str = "local-target"):
         self.verifier = verifier
         self.name = name
+        self.synthetic_acceptance = verifier.synthetic_acceptance  # benchmark only (target/synthetic_acceptance.py)
         self.vocab_size = verifier.runner.vocab_size
         self.max_model_len = verifier.runner.max_model_len
 

@@ -5,7 +5,8 @@ from specsplit.proto.v1 import worker_pb2
 
 
 def worker_info(role, model_name, runner, sequences, batcher, proposer: str = "", max_model_len: int = 0,
-                with_path: bool = True, round_port: int = 0) -> worker_pb2.WorkerInfo:
+                with_path: bool = True, round_port: int = 0,
+                synthetic_acceptance: float | None = None) -> worker_pb2.WorkerInfo:
     """`runner` None: a draft without a model (the n-gram proposer), which holds no KV and takes any vocabulary.
     `with_path`: name where the model was loaded from (for a coordinator loading its tokenizer from the same
     storage) only to callers that proved who they are, or on loopback; others get its name alone."""
@@ -34,4 +35,5 @@ def worker_info(role, model_name, runner, sequences, batcher, proposer: str = ""
         tensor_parallel_size=getattr(runner, "tensor_parallel_size", 1),  # GPUs (processes) the model is sharded over
         round_port=round_port,
         round_channel_prefills=round_port > 0,  # the channel takes PREFILL frames too (rpc/round_channel.py)
+        synthetic_acceptance=synthetic_acceptance,  # benchmark only (target/synthetic_acceptance.py); None: unset
     )

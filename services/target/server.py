@@ -56,7 +56,8 @@ class TargetService(worker_pb2_grpc.TargetWorkerServicer):
 
     async def Describe(self, request, context):
         return worker_info("target", self.model_name, self.verifier.runner, self.verifier.sequences, self.batcher,
-                           with_path=self.describe_model_path, round_port=self.round_port)
+                           with_path=self.describe_model_path, round_port=self.round_port,
+                           synthetic_acceptance=self.verifier.synthetic_acceptance)
 
     def add_to(self, server) -> None:
         worker_pb2_grpc.add_TargetWorkerServicer_to_server(self, server)

@@ -10,7 +10,9 @@ Overlapped rounds (coordinator/pre_proposals.py) also guess the bonus token; a r
 real one, so when a sequence sends its guess and every proposal was accepted, a coin of the same bias at the bonus
 position (the same stream: that position's coin decides nothing else) says whether the bonus is the guess: heads
 emits the guess, tails the target's sample. A pre-proposal is then used with probability alpha^(k+1), as for a
-trained pair whose acceptance rate, bonus guess included, is alpha.
+trained pair whose acceptance rate, bonus guess included, is alpha. A sequence that decodes one token alone while its
+draft catches up (the draft's guess of that token is drawn beside the verification) gets the same coin from the
+coordinator (`synthetic_guess_right`, the alpha the target reports in Describe).
 
 Per proposal d_i the coin is a counter-based uniform of (request seed, absolute position, its own stream): accepted
 iff u < alpha. The first rejected position (or the position after the last proposal) then emits a real sample of
@@ -22,12 +24,21 @@ import logging
 
 import torch
 
-from specsplit.kernels.counter_rng import STREAM_SAMPLE
+from specsplit.kernels.counter_rng import STREAM_SAMPLE, counter_uniform_torch
 from specsplit.kernels.dispatch import counter_uniform, sample_from_probs
 
 STREAM_SYNTHETIC = 3  # the counter RNG's fourth stream (draft=0, accept=1, sample=2)
 
 log = logging.getLogger(__name__)
+
+
+def synthetic_guess_right(alpha: float, seed: int, position: int) -> bool:
+    """The coin for a guess of a token the target decoded alone (an overlapped round's catch-up: the guess was
+    drawn beside the verification, so the verifier could not see it): heads with probability alpha, at that
+    position's synthetic stream, which decides nothing else there (no proposal was verified at it)."""
+    uniform = counter_uniform_torch(torch.tensor(seed, dtype=torch.int64), torch.tensor(position, dtype=torch.int64),
+                                    STREAM_SYNTHETIC)
+    return bool(uniform < alpha)
 
 
 def check_alpha(alpha: float) -> float:

@@ -7,6 +7,7 @@ filter, so a bug in that filter shows here too (test_logits_processing.py tests 
 """
 
 import asyncio
+import random
 
 import numpy as np
 import pytest
@@ -36,13 +37,14 @@ def chi_square_pvalue(counts: np.ndarray, expected_probs: np.ndarray) -> float:
     return chisquare(obs[exp > 0], exp[exp > 0] * obs.sum() / exp[exp > 0].sum()).pvalue
 
 
-def seeded_runs(engine, prompt, n: int, max_tokens: int, setting: dict) -> list:
-    """`n` requests of `prompt` at once, seeds 0..n-1, each `max_tokens` long; waits until the engine is idle."""
+def seeded_runs(engine, prompt, n: int, max_tokens: int, setting: dict, seeded: bool = True) -> list:
+    """`n` requests of `prompt` at once, seeds 0..n-1 (or none: the coordinator draws them), each `max_tokens` long;
+    waits until the engine is idle."""
 
     async def main():
         reqs = [
             engine.coordinator.generate(engine.request(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True,
-                                                                              seed=s, **setting)))
+                                                                              seed=s if seeded else None, **setting)))
             for s in range(n)
         ]
         results = await asyncio.gather(*reqs)
@@ -186,4 +188,31 @@ def test_pipelined_sampling_matches_target_distribution(close_small_vocab_pair, 
     expected = next_token_probs(hf_target, [prompt + tokens[:3] for tokens in pipelined], params).mean(axis=0)
     counts = np.bincount([tokens[3] for tokens in pipelined], minlength=16)
     assert chi_square_pvalue(counts, expected) > ALPHA
+    assert engine.kv_blocks_used() == {"target": 0, "draft": 0}
+
+
+@pytest.mark.parametrize("setting", PIPELINED_SETTINGS, ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()))
+def test_catch_up_sampling_matches_target_distribution(close_small_vocab_pair, setting):
+    """Overlapped rounds with unseeded requests (whose output may depend on how rounds are cut), k = 1, 5 tokens: a
+    sequence without proposals made ahead decodes one token alone while its draft catches up, guessing that token and
+    proposing beyond it; when the guess is right, the next round verifies those proposals. Every position keeps the
+    target's exact marginals, and the proposals drawn while catching up were verified in many rounds."""
+    target_dir, draft_dir, hf_target = close_small_vocab_pair
+    prompt = [3, 1, 4, 1, 5]
+    n = 1500
+    config = CoordinatorConfig(max_num_seqs=500, max_waiting=n, overlap="on", speculation="fixed")
+    engine = LocalEngine(target_dir, draft_dir, num_speculative_tokens=1, dtype="float64", coordinator_config=config)
+    engine.coordinator._rng = random.Random(7)  # the seeds it draws for unseeded requests: the same run every time
+
+    results = seeded_runs(engine, prompt, n, 5, setting, seeded=False)
+    outputs = np.array([r.token_ids for r in results])
+    assert outputs.shape == (n, 5)
+    marginals = exact_marginals(hf_target, prompt, SamplingParams(**setting), 4)
+    for position in (1, 2, 3):
+        counts = np.bincount(outputs[:, position], minlength=16)
+        assert chi_square_pvalue(counts, marginals[position]) > ALPHA, f"position {position}"
+    # Round 1 (after the prefill's token) always catches up; later ones verify what the draft drew meanwhile when
+    # its guess came true (the request's last tokens leave no room to propose).
+    assert sum(r.stats.pre_proposed_rounds for r in results) > n // 3
+    assert sum(r.stats.draft_tokens for r in results) > n // 3
     assert engine.kv_blocks_used() == {"target": 0, "draft": 0}

@@ -4,8 +4,10 @@ import pytest
 
 from specsplit.services.coordinator.overlap_policy import (
     OverlapPolicy,
+    expected_tokens,
     hit_rate,
     overlap_speedup_bound,
+    overlapped_tokens,
     overlapped_round_time,
     serial_round_time,
 )
@@ -20,13 +22,20 @@ def test_bound_formulas():
     # A measured phase replaces the ideal max.
     assert overlapped_round_time(0.005, 0.010, all_hit=0.0, phase=0.014) == pytest.approx(0.019)
     assert hit_rate(0.9, 4, 0.9) == pytest.approx(0.9 ** 5)
-    # alpha = 0.9, k = 4, batch 1, draft 4 steps of 1 ms (+1 for the guess), verify 10 ms.
-    bound = overlap_speedup_bound(0.9, 4, 0.9, 1, t_propose=0.004, t_ahead=0.005, t_verify=0.010)
-    h = 0.9 ** 5
-    assert bound == pytest.approx(0.014 / ((1 - h) * 0.005 + 0.010))
-    assert bound > 1.1
-    # Large batches almost never have every pre-proposal right: overlap pays a draft call and the extra guess step.
-    assert overlap_speedup_bound(0.7, 4, 0.7, 32, 0.004, 0.005, 0.010) < 1.0
+    assert expected_tokens(0.9, 4) == pytest.approx(sum(0.9 ** i for i in range(5)))
+    # A sequence that catches up: in the long run a share g / (g + 1 - h) of its rounds verify proposals.
+    h, share = 0.9 ** 5, 0.9 / (0.9 + 1 - 0.9 ** 5)
+    assert overlapped_tokens(0.9, 4, 0.9) == pytest.approx(share * expected_tokens(0.9, 4) + 1 - share)
+    assert overlapped_tokens(0.9, 4, 0.9, may_catch_up=False) == pytest.approx(expected_tokens(0.9, 4))
+    # alpha = 0.9, k = 4, draft 4 steps of 1 ms (+1 for the guess, +2 catching up), verify 10 ms.
+    bound = overlap_speedup_bound(0.9, 4, 0.9, 8, t_propose=0.004, t_ahead=0.005, t_verify=0.010)
+    assert bound == pytest.approx((overlapped_tokens(0.9, 4, 0.9) / 0.010) / (expected_tokens(0.9, 4) / 0.014))
+    assert bound > 1.05  # catching up, nothing waits for the draft at any batch size
+    # Sequences that must propose first (seeded): a large batch almost never has every proposal made ahead right,
+    # so overlap pays a draft call and the extra guess step.
+    assert overlap_speedup_bound(0.7, 4, 0.7, 32, 0.004, 0.005, 0.010, may_catch_up=False) < 1.0
+    # A draft slower than the verification: catching up cannot hide it.
+    assert overlap_speedup_bound(0.9, 4, 0.9, 1, 0.020, 0.025, 0.010) < 1.0
 
 
 def test_modes():
@@ -46,8 +55,13 @@ def test_auto_needs_concurrent_workers_and_measured_costs():
 
 def test_auto_off_when_the_bound_says_no():
     policy = OverlapPolicy("auto")
-    assert not policy.decide(1, 4, [0.2], 0.004, 0.010, concurrent=True)   # pre-proposals almost never used
+    assert not policy.decide(1, 4, [0.9], 0.020, 0.010, concurrent=True)   # the draft is slower than verifying
+    # Catching up yields fewer tokens a round (1.8 against 2.8 at alpha 0.7): a draft call 40% of a verification's
+    # is not worth hiding at that price.
     assert not policy.decide(32, 4, [0.7] * 32, 0.004, 0.010, concurrent=True)
+    # Seeded sequences propose first when they missed: a batch of them almost never skips that call.
+    assert not policy.decide(8, 4, [0.9] * 8, 0.004, 0.010, concurrent=True, may_catch_up=[False] * 8)
+    assert policy.decide(8, 4, [0.9] * 8, 0.004, 0.010, concurrent=True)  # the same batch, greedy: it pays
 
 
 def test_auto_measures_the_phase_and_turns_off_on_a_shared_device():
