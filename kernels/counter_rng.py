@@ -21,7 +21,8 @@ STREAM_SAMPLE = 2
 _MASK32 = 0xFFFFFFFF
 
 
-def _lowbias32(x: torch.Tensor) -> torch.Tensor:
+def _lowbias32(x):
+    """On int64 tensors or Python ints alike."""
     x = x ^ (x >> 16)
     x = (x * 0x7FEB352D) & _MASK32
     x = x ^ (x >> 15)
@@ -42,6 +43,15 @@ def counter_uniform_torch(seeds: torch.Tensor, positions: torch.Tensor, stream: 
     counter = ((positions & 0x3FFFFFFF) * 4 + stream) & _MASK32
     h = _lowbias32(counter ^ _lowbias32(seed_hi ^ _lowbias32(seed_lo ^ 0x9E3779B9)))
     return bits_to_uniform(h)
+
+
+def counter_uniform_scalar(seed: int, position: int, stream: int) -> float:
+    """One uniform of `counter_uniform_torch`, the same value, in plain integer arithmetic (a host-side coin costs
+    microseconds, not a dozen tensor ops)."""
+    seed_lo, seed_hi = seed & _MASK32, (seed >> 32) & _MASK32
+    counter = ((position & 0x3FFFFFFF) * 4 + stream) & _MASK32
+    h = _lowbias32(counter ^ _lowbias32(seed_hi ^ _lowbias32(seed_lo ^ 0x9E3779B9)))
+    return ((h >> 9) + 0.5) * (1.0 / 8388608.0)
 
 
 def bits_to_uniform(h: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ import logging
 
 import torch
 
-from specsplit.kernels.counter_rng import STREAM_SAMPLE, counter_uniform_torch
+from specsplit.kernels.counter_rng import STREAM_SAMPLE, counter_uniform_scalar
 from specsplit.kernels.dispatch import counter_uniform, sample_from_probs
 
 STREAM_SYNTHETIC = 3  # the counter RNG's fourth stream (draft=0, accept=1, sample=2)
@@ -36,9 +36,7 @@ def synthetic_guess_right(alpha: float, seed: int, position: int) -> bool:
     """The coin for a guess of a token the target decoded alone (an overlapped round's catch-up: the guess was
     drawn beside the verification, so the verifier could not see it): heads with probability alpha, at that
     position's synthetic stream, which decides nothing else there (no proposal was verified at it)."""
-    uniform = counter_uniform_torch(torch.tensor(seed, dtype=torch.int64), torch.tensor(position, dtype=torch.int64),
-                                    STREAM_SYNTHETIC)
-    return bool(uniform < alpha)
+    return counter_uniform_scalar(seed, position, STREAM_SYNTHETIC) < alpha
 
 
 def check_alpha(alpha: float) -> float:

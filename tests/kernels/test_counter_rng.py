@@ -54,3 +54,13 @@ def test_reference_is_uniform_and_streams_are_independent(generator):
     counts = torch.histc(draft, bins=20, min=0, max=1)
     assert float(((counts - 10_000) ** 2 / 10_000).sum()) < 45.3  # chi-square, 19 dof, p = 0.001
     assert abs(float(torch.corrcoef(torch.stack([draft, accept]))[0, 1])) < 0.01
+
+
+def test_the_scalar_uniform_is_the_tensor_one(generator):
+    from specsplit.kernels.counter_rng import counter_uniform_scalar
+
+    seeds = torch.randint(0, 2**62, (50,), generator=generator)
+    positions = torch.randint(0, 2**31, (50,), generator=generator)
+    for stream in range(4):
+        want = counter_uniform_torch(seeds, positions, stream).tolist()
+        assert [counter_uniform_scalar(int(s), int(p), stream) for s, p in zip(seeds, positions)] == want
