@@ -133,3 +133,32 @@ def test_synthetic_catch_up_guesses_come_true_at_alpha(tiny_pair, alpha):
     else:
         assert 0.5 < share < 0.85, share
     assert engine.kv_blocks_used() == {"target": 0, "draft": 0}
+
+
+def test_a_phase_is_measured_only_when_every_draft_call_ahead_ran_in_full(tiny_pair):
+    """`auto` compares the least of the last few measured phases: a round near a request's end, whose draft call
+    ahead shrinks or is skipped, must not be one of them (it made overlap look cheaper than it is)."""
+    engine = LocalEngine(tiny_pair["target"], tiny_pair["close"], num_speculative_tokens=4, dtype="float64",
+                         speculation="fixed", overlap="on")
+    coordinator = engine.coordinator
+    lengths, measured = [], []
+    ahead_length, round_, record_phase = coordinator._ahead_length, coordinator._round, coordinator.overlap.record_phase
+
+    def tracked_ahead_length(sequence, batch, k, ahead):
+        n = ahead_length(sequence, batch, k, ahead)
+        lengths.append((k, n))
+        return n
+
+    async def tracked_round(sequences):
+        lengths.clear()
+        await round_(sequences)
+
+    def tracked_record_phase(batch, k, phase_seconds, ahead_seconds):
+        measured.append(all(n > k_of for k_of, n in lengths))
+        record_phase(batch, k, phase_seconds, ahead_seconds)
+
+    coordinator._ahead_length, coordinator._round = tracked_ahead_length, tracked_round
+    coordinator.overlap.record_phase = tracked_record_phase
+    for max_tokens in (7, 9, 20):  # rounds whose calls ahead are cut by the request's end, and full ones
+        run_all(engine, lambda i: SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    assert measured and all(measured)
