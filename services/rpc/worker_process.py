@@ -115,9 +115,12 @@ async def start_worker(role: str, model: str, host: str, port: int, lease_second
     """`round_port`: where the round channel listens (rpc/round_channel.py; Describe tells coordinators): 0 = any
     free port, -1 = no channel (rounds over gRPC only)."""
     round_timeline.set_role(role)
-    # The loop and the compute thread share the GIL: a short switch interval hands it to the thread back from a
-    # device wait within half a millisecond instead of up to five.
-    sys.setswitchinterval(0.0005)
+    if str(model_options.get("device", "cpu")).startswith("cuda"):
+        # The loop and the compute thread share the GIL: a short switch interval hands it to the thread back from a
+        # device wait within half a millisecond instead of up to five. Not on the CPU, where the compute holds the
+        # GIL between torch ops and every forced switch slows it (a tiny draft's call of four steps: 3.43-3.67 ms
+        # at 5 ms against 3.62-3.78 at 0.5 ms; BENCHMARKS.md, issue 27).
+        sys.setswitchinterval(0.0005)
     host = listen_host(host, secret, bool(security and security.client_ca_file), allow_unauthenticated)
     service, service_name = build_worker_service(role, model, **model_options)
     observability = observe_worker(role, service, metrics_host, metrics_port)  # metrics_port < 0: none
