@@ -65,7 +65,8 @@ class StepBatcher:
             finally:
                 with self._cond:
                     self._busy = False
-                    self._cond.notify()
+                    if self._pending:  # woken for nothing, the compute thread would take the GIL from this answer
+                        self._cond.notify()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self._cond:
