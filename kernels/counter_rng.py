@@ -36,22 +36,21 @@ def counter_uniform_torch(seeds: torch.Tensor, positions: torch.Tensor, stream: 
     seeds:     int64, any 64-bit value (only the low 63 bits are significant in torch's signed lanes)
     positions: int64, absolute token positions
     """
-    seeds = seeds.to(torch.int64)
-    positions = positions.to(torch.int64)
-    seed_lo = seeds & _MASK32
-    seed_hi = (seeds >> 32) & _MASK32
-    counter = ((positions & 0x3FFFFFFF) * 4 + stream) & _MASK32
-    h = _lowbias32(counter ^ _lowbias32(seed_hi ^ _lowbias32(seed_lo ^ 0x9E3779B9)))
-    return bits_to_uniform(h)
+    return bits_to_uniform(_counter_hash(seeds.to(torch.int64), positions.to(torch.int64), stream))
 
 
 def counter_uniform_scalar(seed: int, position: int, stream: int) -> float:
     """One uniform of `counter_uniform_torch`, the same value, in plain integer arithmetic (a host-side coin costs
     microseconds, not a dozen tensor ops)."""
-    seed_lo, seed_hi = seed & _MASK32, (seed >> 32) & _MASK32
-    counter = ((position & 0x3FFFFFFF) * 4 + stream) & _MASK32
-    h = _lowbias32(counter ^ _lowbias32(seed_hi ^ _lowbias32(seed_lo ^ 0x9E3779B9)))
-    return ((h >> 9) + 0.5) * (1.0 / 8388608.0)
+    return ((_counter_hash(seed, position, stream) >> 9) + 0.5) * (1.0 / 8388608.0)
+
+
+def _counter_hash(seeds, positions, stream: int):
+    """The 32-bit hash of (seed, position, stream), on int64 tensors or Python ints alike."""
+    seed_lo = seeds & _MASK32
+    seed_hi = (seeds >> 32) & _MASK32
+    counter = ((positions & 0x3FFFFFFF) * 4 + stream) & _MASK32
+    return _lowbias32(counter ^ _lowbias32(seed_hi ^ _lowbias32(seed_lo ^ 0x9E3779B9)))
 
 
 def bits_to_uniform(h: torch.Tensor) -> torch.Tensor:
