@@ -93,18 +93,19 @@ def on_device(tensor: torch.Tensor):
 
 
 def _skinny(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether a matmul goes to the few-rows kernel (kernels/skinny_linear.py): where it wins (`skinny_takes`: one
-    row of a small model's weight or of an lm_head), 16-bit, on Triton, outside the batch-invariant mode (whose GEMM fixes its arithmetic
-    by shape, not by rows)."""
-    return (x.dim() == 2 and skinny_takes(x.shape[0], *weight.shape) and x.dtype in (torch.bfloat16, torch.float16)
+    """Whether a matmul goes to the few-rows kernel (kernels/skinny_linear.py): 16-bit, where it wins
+    (`skinny_takes`: one row of a small model's weight or of an lm_head), on Triton, outside the batch-invariant
+    mode (whose GEMM fixes its arithmetic by shape, not by rows). The dtype first: a float32 CPU call, the common
+    one off a GPU, is answered by one comparison."""
+    return (x.dtype in (torch.bfloat16, torch.float16) and x.dim() == 2 and skinny_takes(x.shape[0], *weight.shape)
             and weight.dtype == x.dtype and not batch_invariant() and os.environ.get(SKINNY_ENV, "on") != "off"
             and use_triton(x))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight^T + bias. Default: the few-rows kernel for a one-row step of a small model or an lm_head on a GPU, torch's F.linear
-    (cuBLAS, the CPU's BLAS) otherwise. Batch-invariant: the Triton GEMM on a GPU (16- and 32-bit floats), the
-    fixed-order torch reference elsewhere."""
+    """x @ weight^T + bias. Default: the few-rows kernel for a one-row step of a small model or an lm_head on a GPU,
+    torch's F.linear (cuBLAS, the CPU's BLAS) otherwise. Batch-invariant: the Triton GEMM on a GPU (16- and 32-bit
+    floats), the fixed-order torch reference elsewhere."""
     if _skinny(x, weight):
         from specsplit.kernels.skinny_linear_triton import skinny_linear_triton
 

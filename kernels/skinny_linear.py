@@ -3,7 +3,7 @@ its projections, as one function per fusion.
 
 A draft decode step multiplies one row (a few at batch > 1) by each weight. That is a matrix-vector product, bound by
 reading the weight, and for a small model each projection reads only a few MB: the step's time goes to launching
-and draining many short kernels (ten per layer of 1.5-8 us on an H100, where the 0.5B's weights stream in 0.35 ms a
+and draining many short kernels (eleven per layer of 1.5-8 us on an H100, where the 0.5B's weights stream in 0.35 ms a
 step). The Triton version (kernels/skinny_linear_triton.py) computes each of these in one kernel:
 
 - `norm_linear`: (linear(weight * rmsnorm(x + residual)), x + residual): the previous sub-layer's residual add and

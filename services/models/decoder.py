@@ -9,8 +9,8 @@ A layer is four matmuls (`Linear`, through kernels/dispatch.py's `linear`: torch
 decode step, or the batch-invariant mode's GEMM) and four fused steps (kernels/dispatch.py: Triton on a GPU, the
 torch references on the CPU): add + RMSNorm, rotary + KV write, paged attention, SiLU * up. The residual stream
 travels beside the normed activations so each residual add happens inside the next norm; the arithmetic is
-transformers' own, op for op. A decode step's few rows on a GPU take the norm into the q/k/v and gate/up matmuls
-and SiLU * up into gate/up's (`norm_linear`): six kernels a layer instead of ten.
+transformers' own, op for op. A small model's one-row decode step on a GPU takes the norm into the q/k/v and
+gate/up matmuls and SiLU * up into gate/up's (`norm_linear`): six kernels a layer instead of eleven.
 """
 
 import torch
