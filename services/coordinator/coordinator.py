@@ -493,13 +493,9 @@ class Coordinator:
         # lookup without a match): that verification cost less than k proposals do.
         short = any(len(proposal.token_ids) < k_of[s] for s, (proposal, _) in proposals.items())
         clean = self._round_alone and not short and all(n in (0, k) for n in k_of.values())
-        # An overlapped round measures its phase only when every speculating sequence's draft call ran in full beside
-        # the verification: near a request's end the call shrinks or is skipped, and such a phase (least of the last
-        # few is what the policy compares) would make overlap look cheaper than it is.
-        clean_overlap = clean and all(ahead.get(s, 0) > k_of[s] for s in live if k_of[s] > 0 and not s.finished)
         if clean and not overlap and not pre_proposed:  # a serial round of one k: its cost
             self.policy.record_costs(batch, k, proposed - started, verified - proposed)
-        elif clean_overlap and ahead_calls:
+        elif clean and ahead_calls and _ran_in_full(ahead, k_of, live):
             self.overlap.record_phase(batch, k, verified - proposed, ahead_seconds)
             # The speculation policy's costs too (up to k+2 proposals ahead: k of them its propose cost), so that k
             # stays adaptive while every round overlaps; concurrent calls only ever look slower, never faster.
@@ -870,6 +866,13 @@ def _follows_policy(params) -> bool:
     each round, so a fixed k keeps the promise that a seed reproduces its output whatever else is batched. Greedy
     output never depends on k."""
     return not params.fixed_speculation and _rounds_may_be_cut(params)
+
+
+def _ran_in_full(ahead: dict, k_of: dict, live: list[SequenceState]) -> bool:
+    """Whether every speculating sequence's draft call ran in full beside the verification. Only such a round
+    measures the overlapped phase: near a request's end the call shrinks or is skipped, and such a phase (the least of
+    the last few is what the policy compares) would make overlap look cheaper than it is."""
+    return all(ahead.get(s, 0) > k_of[s] for s in live if k_of[s] > 0 and not s.finished)
 
 
 def _rounds_may_be_cut(params) -> bool:
