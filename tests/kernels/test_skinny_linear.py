@@ -144,3 +144,35 @@ def test_a_decode_step_through_the_fused_kernels_computes_the_unfused_logits(tmp
     unfused = decode_step("off")
     assert calls and not any(calls)
     torch.testing.assert_close(fused, unfused, rtol=3e-2, atol=3e-2)
+
+
+def test_greedy_speculation_through_the_fused_kernels_equals_the_target_alone(tiny_pair, monkeypatch):
+    """The fused one-row path end to end (bf16, every kernel Triton): the draft's one-row steps and the target's
+    one-row decodes go through it; greedy speculation gives the target alone's tokens, and the target alone gives
+    the tokens it gives with the fused kernels off."""
+    import asyncio
+
+    from specsplit.kernels import dispatch
+    from specsplit.services.local_engine import LocalEngine
+    from specsplit.services.sampling_params import SamplingParams
+
+    monkeypatch.setenv(dispatch.ENV_VAR, "triton")
+    prompts, params = [[1, 2, 3]], SamplingParams(max_tokens=7, ignore_eos=True)  # the interpreter is slow
+    fused_calls = []
+    skinny = dispatch._skinny
+    monkeypatch.setattr(dispatch, "_skinny", lambda x, w: fused_calls.append(skinny(x, w)) or fused_calls[-1])
+
+    def tokens(draft, fused: str):
+        monkeypatch.setenv(dispatch.SKINNY_ENV, fused)
+        engine = LocalEngine(tiny_pair["target"], draft, num_speculative_tokens=3 if draft else 0, dtype="bfloat16",
+                             speculation="fixed", warm_up=False)
+
+        async def main():
+            return [(await engine.generate(p, params)).token_ids for p in prompts]
+
+        return asyncio.run(main())
+
+    alone = tokens(None, "on")
+    assert any(fused_calls)  # the one-row decodes took the fused kernel
+    assert tokens(tiny_pair["close"], "on") == alone
+    assert tokens(None, "off") == alone
