@@ -48,8 +48,10 @@ def observed(tiny_pair, tmp_path_factory):
             "target": ["target", "--model", str(tiny_pair["target"]), *model, "--port", target.rsplit(":")[1]],
             "draft_a": ["draft", "--model", str(tiny_pair["close"]), *model, "--port", draft_a.rsplit(":")[1]],
             "draft_b": ["draft", "--model", str(tiny_pair["close"]), *model, "--port", draft_b.rsplit(":")[1]],
-            "coordinator": ["coordinator", "--target", target, "--draft-variants-file", str(variants_file), "-k", "4", "--speculation", "fixed",
-                            *local, "--port", "0", "--http-port", "0"],
+            # Serial rounds, whose spans the trace test counts (a propose per verify with proposals): `auto` may try
+            # an overlapped round where its measured costs say it could pay, as on a loaded CI machine.
+            "coordinator": ["coordinator", "--target", target, "--draft-variants-file", str(variants_file), "-k", "4",
+                            "--speculation", "fixed", "--overlap", "off", *local, "--port", "0", "--http-port", "0"],
         }, env)
         c.variants_file = variants_file
         yield c, collector
