@@ -323,7 +323,7 @@ def main() -> None:
         profiles += profile(draft, "0.5b draft call k=4 batch 1 (eager)", call)
         del proposer, runner
 
-    for size in args.targets.split(","):
+    for size in filter(None, args.targets.split(",")):  # "": the draft alone
         hf = hf_random_model(size, seed=2)
         target = loaded_from_hf(hf, f"random-qwen2.5-{size}")
         del hf

@@ -37,6 +37,7 @@ from specsplit.kernels.typical_acceptance import typical_accept_torch
 
 ENV_VAR = "SPECSPLIT_KERNELS"
 SKINNY_ENV = "SPECSPLIT_SKINNY_LINEAR"  # "off": few-row matmuls stay on torch's (A/B runs of the fused kernels)
+FUSED_ROTARY_ENV = "SPECSPLIT_FUSED_ROTARY"  # "off": the one-row q/k/v kernel leaves rotary to its own kernel (A/B)
 BATCH_INVARIANT_ENV = "SPECSPLIT_BATCH_INVARIANT"
 
 
@@ -164,6 +165,24 @@ def norm_linear(x, residual, norm_weight, eps: float, weight, bias, silu_mul_aft
     normed, residual = add_rms_norm(x, residual, norm_weight, eps)
     out = linear(normed, weight, bias)
     return (silu_mul(out) if silu_mul_after else out), residual
+
+
+def norm_qkv_rotary(x, residual, norm_weight, eps: float, weight, bias, positions, cos_sin, key_cache, value_cache,
+                    slot_mapping, num_heads: int, num_kv_heads: int, head_dim: int):
+    """(q rotated, x + residual), k and v written to the cache: a layer's attention input. One kernel where the
+    few-rows kernel takes the q/k/v projection on a GPU (the norm in its prologue, rotary and the cache write in its
+    epilogue); norm_linear then rotary_kv otherwise."""
+    if (_skinny(x, weight) and norm_weight.dtype == x.dtype and os.environ.get(FUSED_ROTARY_ENV, "on") != "off"):
+        from specsplit.kernels.skinny_linear_triton import norm_qkv_rotary_triton, rotary_pairs_per_program
+
+        if rotary_pairs_per_program(head_dim) is not None:
+            with on_device(x):
+                return norm_qkv_rotary_triton(x, residual, norm_weight, eps, weight, bias, positions, cos_sin,
+                                              key_cache, value_cache, slot_mapping, num_heads, num_kv_heads,
+                                              head_dim)
+    qkv, residual = norm_linear(x, residual, norm_weight, eps, weight, bias)
+    return rotary_kv(qkv, positions, cos_sin, key_cache, value_cache, slot_mapping, num_heads, num_kv_heads,
+                     head_dim), residual
 
 
 def rotary_kv(qkv, positions, cos_sin, key_cache, value_cache, slot_mapping, num_heads: int, num_kv_heads: int,

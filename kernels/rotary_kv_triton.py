@@ -14,7 +14,7 @@ from specsplit.kernels.rounding_triton import cast_rtne
 
 
 @triton.jit
-def _rotate(x1, x2, c, s, DTYPE: tl.constexpr, INTERPRETER: tl.constexpr):
+def rotate_pairs(x1, x2, c, s, DTYPE: tl.constexpr, INTERPRETER: tl.constexpr):
     """(x1 * c - x2 * s, x2 * c + x1 * s) with every product and sum rounded to DTYPE, as separate torch ops do."""
     out1 = cast_rtne(cast_rtne(x1 * c, DTYPE, INTERPRETER).to(tl.float32)
                      + cast_rtne(-x2 * s, DTYPE, INTERPRETER).to(tl.float32), DTYPE, INTERPRETER)
@@ -46,7 +46,7 @@ def _rotary_kv_kernel(
     q_mask = heads < num_heads
     q1 = tl.load(row + heads * head_dim + j[None, :], mask=q_mask, other=0.0).to(tl.float32)
     q2 = tl.load(row + heads * head_dim + HALF + j[None, :], mask=q_mask, other=0.0).to(tl.float32)
-    o1, o2 = _rotate(q1, q2, c[None, :], s[None, :], dtype, INTERPRETER)
+    o1, o2 = rotate_pairs(q1, q2, c[None, :], s[None, :], dtype, INTERPRETER)
     q_out = q_out_ptr + token * stride_qo_t + heads * stride_qo_h
     tl.store(q_out + j[None, :], o1, mask=q_mask)
     tl.store(q_out + HALF + j[None, :], o2, mask=q_mask)
@@ -61,7 +61,7 @@ def _rotary_kv_kernel(
         v_row = row + (num_heads + num_kv_heads) * head_dim + kv_heads * head_dim
         k1 = tl.load(k_row + j[None, :], mask=kv_mask, other=0.0).to(tl.float32)
         k2 = tl.load(k_row + HALF + j[None, :], mask=kv_mask, other=0.0).to(tl.float32)
-        r1, r2 = _rotate(k1, k2, c[None, :], s[None, :], dtype, INTERPRETER)
+        r1, r2 = rotate_pairs(k1, k2, c[None, :], s[None, :], dtype, INTERPRETER)
         kc = key_cache_ptr + block * stride_kcb + offset * stride_kcs + kv_heads * stride_kch
         cache_dtype: tl.constexpr = key_cache_ptr.dtype.element_ty
         tl.store(kc + j[None, :], cast_rtne(r1, cache_dtype, INTERPRETER), mask=kv_mask)

@@ -9,7 +9,9 @@ step). The Triton version (kernels/skinny_linear_triton.py) computes each of the
 - `norm_linear`: (linear(weight * rmsnorm(x + residual)), x + residual): the previous sub-layer's residual add and
   this one's RMSNorm in the matmul's prologue (q/k/v and gate/up read normed rows);
 - `linear_silu_mul`: SiLU(gate) * up of the fused gate/up projection in its epilogue;
-- `skinny_linear`: the plain product (o_proj, down_proj), one kernel with no split-K reduction after it.
+- `skinny_linear`: the plain product (o_proj, down_proj), one kernel with no split-K reduction after it;
+- `norm_qkv_rotary`: `norm_linear` of the fused q/k/v projection with rotary_kv's step in the epilogue: q leaves
+  rotated, k (rotated) and v go straight into their cache slots, so a layer's one-row step needs no rotary kernel.
 
 The arithmetic is the unfused path's (the residual add rounded as torch rounds it, the product summed in float32 and
 rounded once with its bias, silu_mul_torch's roundings) but for the norm: the fused kernel scales the finished sums
@@ -22,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from specsplit.kernels.rms_norm import add_rms_norm_torch
+from specsplit.kernels.rotary_kv import rotary_kv_torch
 from specsplit.kernels.silu_mul import silu_mul_torch
 
 SKINNY_MAX_ROWS = 8  # the most rows the Triton kernel takes
@@ -48,3 +51,12 @@ def norm_linear_torch(x: torch.Tensor, residual: torch.Tensor | None, norm_weigh
 def linear_silu_mul_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """weight = [gate; up] stacked along N: returns SiLU(x @ gate^T) * (x @ up^T), [rows, N / 2]."""
     return silu_mul_torch(F.linear(x, weight, bias))
+
+
+def norm_qkv_rotary_torch(x, residual, norm_weight, eps: float, weight, bias, positions, cos_sin, key_cache,
+                          value_cache, slot_mapping, num_heads: int, num_kv_heads: int, head_dim: int):
+    """(q rotated [rows, num_heads, head_dim], x + residual); k and v written into the cache (kernels/rotary_kv.py
+    gives the layouts)."""
+    qkv, residual = norm_linear_torch(x, residual, norm_weight, eps, weight, bias)
+    return rotary_kv_torch(qkv, positions, cos_sin, key_cache, value_cache, slot_mapping, num_heads, num_kv_heads,
+                           head_dim), residual

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from specsplit.kernels.device import sm_count
+from specsplit.kernels.rotary_kv_triton import rotate_pairs
 from specsplit.kernels.rounding_triton import cast_rtne
 from specsplit.kernels.skinny_linear import SKINNY_MAX_ROWS as MAX_ROWS
 _ACCUMULATOR_ELEMENTS_PER_WARP = 1024
@@ -58,27 +59,22 @@ def skinny_config(rows: int, n: int, k: int, silu_mul: bool, device: torch.devic
 
 
 @triton.jit
-def _skinny_linear_kernel(
-    x_ptr, residual_ptr, norm_weight_ptr, residual_out_ptr, weight_ptr, bias_ptr, out_ptr,
-    M, N, K, eps,
-    stride_x, stride_r, stride_ro, stride_w, stride_o,
-    HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
+def normed_products(
+    x_ptr, residual_ptr, norm_weight_ptr, residual_out_ptr, w_rows, pair_offset,
+    rows, row_mask, col_mask, K, eps, stride_x, stride_r, stride_ro, pid,
+    HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, PAIRED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRETER: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    rows = tl.arange(0, BLOCK_M)
-    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask = rows < M
-    col_mask = cols < N
+    """The main loop: float32 sums of the rows (the residual added and the norm applied, if asked) times the weight
+    rows w_rows [BLOCK_N, 1] and, PAIRED, times the rows pair_offset elements further on (up's for SiLU * up, the
+    rotary partners for q/k). Returns (sums, paired sums) [BLOCK_M, BLOCK_N], bias not added, not rounded. Program
+    0 (pid) stores the residual stream (x + residual)."""
     dtype: tl.constexpr = x_ptr.dtype.element_ty
-    out_dtype: tl.constexpr = out_ptr.dtype.element_ty
     x_rows = x_ptr + rows[:, None].to(tl.int64) * stride_x
     r_rows = residual_ptr + rows[:, None].to(tl.int64) * stride_r
-    w_rows = weight_ptr + cols[:, None].to(tl.int64) * stride_w
-
     acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
-    if SILU_MUL:
-        acc_up = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
+    if PAIRED:
+        acc_pair = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)
     if HAS_NORM:
         squares = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -96,23 +92,50 @@ def _skinny_linear_kernel(
             squares += x32 * x32
             x32 = x32 * tl.load(norm_weight_ptr + ks, mask=k_mask, other=0.0).to(tl.float32)[None, :]
         x3 = x32[:, None, :]
-        w = tl.load(w_rows + ks[None, :], mask=col_mask[:, None] & k_mask[None, :], other=0.0)
+        w_mask = col_mask[:, None] & k_mask[None, :]
+        w = tl.load(w_rows + ks[None, :], mask=w_mask, other=0.0)
         acc += x3 * w.to(tl.float32)[None, :, :]
-        if SILU_MUL:
-            w_up = tl.load(w_rows + N * stride_w + ks[None, :], mask=col_mask[:, None] & k_mask[None, :], other=0.0)
-            acc_up += x3 * w_up.to(tl.float32)[None, :, :]
+        if PAIRED:
+            w_pair = tl.load(w_rows + pair_offset + ks[None, :], mask=w_mask, other=0.0)
+            acc_pair += x3 * w_pair.to(tl.float32)[None, :, :]
 
     y = tl.sum(acc, axis=2)
     if HAS_NORM:
         rstd = tl.math.rsqrt(tl.sum(squares, axis=1) / K + eps)
         y = y * rstd[:, None]
+    y_pair = y
+    if PAIRED:
+        y_pair = tl.sum(acc_pair, axis=2)
+        if HAS_NORM:
+            y_pair = y_pair * rstd[:, None]
+    return y, y_pair
+
+
+@triton.jit
+def _skinny_linear_kernel(
+    x_ptr, residual_ptr, norm_weight_ptr, residual_out_ptr, weight_ptr, bias_ptr, out_ptr,
+    M, N, K, eps,
+    stride_x, stride_r, stride_ro, stride_w, stride_o,
+    HAS_NORM: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRETER: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rows = tl.arange(0, BLOCK_M)
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < M
+    col_mask = cols < N
+    out_dtype: tl.constexpr = out_ptr.dtype.element_ty
+    w_rows = weight_ptr + cols[:, None].to(tl.int64) * stride_w
+    # SiLU * up: each program's gate columns n and the matching up columns n + N
+    y, up = normed_products(
+        x_ptr, residual_ptr, norm_weight_ptr, residual_out_ptr, w_rows, N * stride_w,
+        rows, row_mask, col_mask, K, eps, stride_x, stride_r, stride_ro, pid,
+        HAS_NORM, HAS_RESIDUAL, SILU_MUL, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRETER,
+    )
     if HAS_BIAS:
         y += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     y = cast_rtne(y, out_dtype, INTERPRETER)
     if SILU_MUL:
-        up = tl.sum(acc_up, axis=2)
-        if HAS_NORM:
-            up = up * rstd[:, None]
         if HAS_BIAS:
             up += tl.load(bias_ptr + N + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
         up = cast_rtne(up, out_dtype, INTERPRETER)
@@ -121,6 +144,65 @@ def _skinny_linear_kernel(
         y = cast_rtne(activated.to(tl.float32) * up.to(tl.float32), out_dtype, INTERPRETER)
     out_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_o + cols[None, :]
     tl.store(out_ptrs, y, mask=row_mask[:, None] & col_mask[None, :])
+
+
+@triton.jit
+def _norm_qkv_rotary_kernel(
+    x_ptr, residual_ptr, norm_weight_ptr, residual_out_ptr, weight_ptr, bias_ptr,
+    positions_ptr, cos_sin_ptr, slot_ptr, q_out_ptr, key_cache_ptr, value_cache_ptr,
+    M, K, eps, num_heads, num_kv_heads,
+    stride_x, stride_r, stride_ro, stride_w, stride_qo_t, stride_qo_h,
+    stride_kcb, stride_kcs, stride_kch, stride_vcb, stride_vcs, stride_vch,
+    HAS_RESIDUAL: tl.constexpr, HAS_BIAS: tl.constexpr, HALF: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, INTERPRETER: tl.constexpr,
+):
+    """Program p: BLOCK_N rotary pairs (columns j and j + HALF) of one head of the fused q/k/v projection. q heads
+    leave rotated, k heads go rotated into their cache slots, v heads as they are; rotary_kv_triton's arithmetic."""
+    pid = tl.program_id(0)
+    head = pid // (HALF // BLOCK_N)
+    j = (pid % (HALF // BLOCK_N)) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = head * (2 * HALF) + j
+    rows = tl.arange(0, BLOCK_M)
+    row_mask = rows < M
+    dtype: tl.constexpr = x_ptr.dtype.element_ty
+    w_rows = weight_ptr + cols[:, None].to(tl.int64) * stride_w
+    y1, y2 = normed_products(
+        x_ptr, residual_ptr, norm_weight_ptr, residual_out_ptr, w_rows, HALF * stride_w,
+        rows, row_mask, cols >= 0, K, eps, stride_x, stride_r, stride_ro, pid,
+        True, HAS_RESIDUAL, True, BLOCK_M, BLOCK_N, BLOCK_K, INTERPRETER,
+    )
+    if HAS_BIAS:
+        y1 += tl.load(bias_ptr + cols).to(tl.float32)[None, :]
+        y2 += tl.load(bias_ptr + cols + HALF).to(tl.float32)[None, :]
+    # The projection's values as the unfused path stores them, then rotary_kv's steps.
+    y1 = cast_rtne(y1, dtype, INTERPRETER).to(tl.float32)
+    y2 = cast_rtne(y2, dtype, INTERPRETER).to(tl.float32)
+    positions = tl.load(positions_ptr + rows, mask=row_mask, other=0).to(tl.int64)
+    angles = cos_sin_ptr + positions[:, None] * (2 * HALF) + j[None, :]
+    c = cast_rtne(tl.load(angles, mask=row_mask[:, None], other=0.0), dtype, INTERPRETER).to(tl.float32)
+    s = cast_rtne(tl.load(angles + HALF, mask=row_mask[:, None], other=0.0), dtype, INTERPRETER).to(tl.float32)
+    store_mask = row_mask[:, None] & (j[None, :] >= 0)
+    if head < num_heads:
+        o1, o2 = rotate_pairs(y1, y2, c, s, dtype, INTERPRETER)
+        q_out = q_out_ptr + rows[:, None].to(tl.int64) * stride_qo_t + head * stride_qo_h + j[None, :]
+        tl.store(q_out, o1, mask=store_mask)
+        tl.store(q_out + HALF, o2, mask=store_mask)
+    else:
+        slots = tl.load(slot_ptr + rows, mask=row_mask, other=-1).to(tl.int64)
+        slot_mask = store_mask & (slots[:, None] >= 0)
+        block, offset = slots // BLOCK_SIZE, slots % BLOCK_SIZE
+        cache_dtype: tl.constexpr = key_cache_ptr.dtype.element_ty
+        if head < num_heads + num_kv_heads:
+            r1, r2 = rotate_pairs(y1, y2, c, s, dtype, INTERPRETER)
+            kc = (key_cache_ptr + block[:, None] * stride_kcb + offset[:, None] * stride_kcs
+                  + (head - num_heads) * stride_kch + j[None, :])
+            tl.store(kc, cast_rtne(r1, cache_dtype, INTERPRETER), mask=slot_mask)
+            tl.store(kc + HALF, cast_rtne(r2, cache_dtype, INTERPRETER), mask=slot_mask)
+        else:
+            vc = (value_cache_ptr + block[:, None] * stride_vcb + offset[:, None] * stride_vcs
+                  + (head - num_heads - num_kv_heads) * stride_vch + j[None, :])
+            tl.store(vc, cast_rtne(y1, cache_dtype, INTERPRETER), mask=slot_mask)
+            tl.store(vc + HALF, cast_rtne(y2, cache_dtype, INTERPRETER), mask=slot_mask)
 
 
 def _launch(x, residual, norm_weight, eps, weight, bias, silu_mul: bool, config: SkinnyConfig | None):
@@ -160,3 +242,46 @@ def linear_silu_mul_triton(x, weight, bias, config: SkinnyConfig | None = None):
 
 def skinny_linear_triton(x, weight, bias, config: SkinnyConfig | None = None):
     return _launch(x, None, None, 0.0, weight, bias, False, config)[0]
+
+
+def rotary_pairs_per_program(head_dim: int) -> int | None:
+    """Rotary pairs a program of the q/k/v kernel computes (two columns each: four a program, as the plain one-row
+    kernel's tile), or None where the head does not split into them."""
+    half = head_dim // 2
+    if head_dim % 2 or half != triton.next_power_of_2(half) or half < 2:
+        return None
+    return 2
+
+
+def norm_qkv_rotary_triton(x, residual, norm_weight, eps: float, weight, bias, positions, cos_sin, key_cache,
+                           value_cache, slot_mapping, num_heads: int, num_kv_heads: int, head_dim: int,
+                           block_k: int | None = None):
+    """kernels/skinny_linear.py `norm_qkv_rotary_torch` in one kernel: returns (q rotated [rows, num_heads,
+    head_dim], x + residual) and writes k, v into their cache slots."""
+    rows, k = x.shape
+    if rows > MAX_ROWS:
+        raise ValueError(f"skinny_linear takes at most {MAX_ROWS} rows, got {rows}")
+    pairs = rotary_pairs_per_program(head_dim)
+    assert pairs is not None, "head_dim must be twice a power of two"
+    assert weight.shape[0] == (num_heads + 2 * num_kv_heads) * head_dim and norm_weight.dtype == x.dtype
+    assert cos_sin.is_contiguous() and key_cache.stride(3) == 1 and value_cache.stride(3) == 1
+    q = torch.empty(rows, num_heads, head_dim, dtype=x.dtype, device=x.device)
+    residual_out = torch.empty_like(x) if residual is not None else x
+    if rows == 0:
+        return q, residual_out
+    weight = weight if weight.stride(1) == 1 else weight.contiguous()
+    block_k = block_k or skinny_config(1, weight.shape[0], k, False, x.device).block_k
+    half = head_dim // 2
+    _norm_qkv_rotary_kernel[((num_heads + 2 * num_kv_heads) * (half // pairs),)](
+        x, residual if residual is not None else x, norm_weight, residual_out, weight,
+        bias if bias is not None else weight, positions, cos_sin, slot_mapping, q, key_cache, value_cache,
+        rows, k, eps, num_heads, num_kv_heads,
+        x.stride(0), (residual if residual is not None else x).stride(0), residual_out.stride(0), weight.stride(0),
+        q.stride(0), q.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, HALF=half, BLOCK_SIZE=key_cache.shape[1],
+        BLOCK_M=triton.next_power_of_2(rows), BLOCK_N=pairs, BLOCK_K=block_k, INTERPRETER=x.device.type == "cpu",
+        num_warps=4, enable_fp_fusion=False,
+    )
+    return q, residual_out

@@ -9,14 +9,16 @@ A layer is four matmuls (`Linear`, through kernels/dispatch.py's `linear`: torch
 decode step, or the batch-invariant mode's GEMM) and four fused steps (kernels/dispatch.py: Triton on a GPU, the
 torch references on the CPU): add + RMSNorm, rotary + KV write, paged attention, SiLU * up. The residual stream
 travels beside the normed activations so each residual add happens inside the next norm; the arithmetic is
-transformers' own, op for op. A small model's one-row decode step on a GPU takes the norm into the q/k/v and
-gate/up matmuls and SiLU * up into gate/up's (`norm_linear`): six kernels a layer instead of eleven.
+transformers' own, op for op. A small model's one-row decode step on a GPU takes the norm, rotary and the KV write
+into the q/k/v matmul (`norm_qkv_rotary`), the norm and SiLU * up into gate/up's (`norm_linear`): five kernels a
+layer instead of eleven.
 """
 
 import torch
 from torch import nn
 
-from specsplit.kernels.dispatch import add_rms_norm, linear, norm_linear, paged_attention, rotary_kv, silu_mul
+from specsplit.kernels.dispatch import (add_rms_norm, linear, norm_linear, norm_qkv_rotary, paged_attention, rotary_kv,
+                                       silu_mul)
 from specsplit.services.models.config import DecoderConfig
 from specsplit.services.models.rotary import RotaryEmbedding
 from specsplit.services.runtime.attention_metadata import AttentionMetadata
@@ -54,11 +56,25 @@ class Attention(nn.Module):
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_bias)
         self.scale = config.head_dim**-0.5
 
-    def forward(self, qkv, positions, rotary: RotaryEmbedding, meta: AttentionMetadata, kv_cache):
-        """qkv: the normed rows' q/k/v projection (DecoderLayer computes it with the norm)."""
+    def query(self, norm: nn.Module, hidden, residual, positions, rotary: RotaryEmbedding, meta: AttentionMetadata,
+              kv_cache):
+        """(q rotated, the residual stream): the input norm (with the residual add), the q/k/v projection, rotary,
+        and k, v written to the cache. A plain norm and projection go to the kernels together (one kernel where
+        they fuse); a replaced one (a CPU weight layout, a tensor-parallel norm that all-reduces first) runs as its
+        module."""
         key_cache, value_cache = kv_cache
-        q = rotary_kv(qkv, positions, rotary.cos_sin, key_cache, value_cache, meta.slot_mapping,
+        if type(norm) is RMSNorm and type(self.qkv_proj) is Linear:
+            return norm_qkv_rotary(hidden, residual, norm.weight, norm.eps, self.qkv_proj.weight, self.qkv_proj.bias,
+                                   positions, rotary.cos_sin, key_cache, value_cache, meta.slot_mapping,
+                                   self.num_heads, self.num_kv_heads, self.head_dim)
+        normed, residual = norm(hidden, residual)
+        q = rotary_kv(self.qkv_proj(normed), positions, rotary.cos_sin, key_cache, value_cache, meta.slot_mapping,
                       self.num_heads, self.num_kv_heads, self.head_dim)
+        return q, residual
+
+    def forward(self, q, meta: AttentionMetadata, kv_cache):
+        """q: the rows' rotated queries, their k and v already in the cache (`query`)."""
+        key_cache, value_cache = kv_cache
         out = paged_attention(
             q, key_cache, value_cache, meta.block_tables, meta.seq_lens, meta.query_start_loc,
             self.scale, meta.max_query_len, meta.max_seq_len,
@@ -73,8 +89,17 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
         self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
+    def activated(self, norm: nn.Module, attended, residual):
+        """(SiLU(gate) * up of the normed rows, the residual stream): the post-attention norm (with the residual
+        add) and the gate/up projection, one kernel where they fuse (as Attention.query)."""
+        if type(norm) is RMSNorm and type(self.gate_up_proj) is Linear:
+            return norm_linear(attended, residual, norm.weight, norm.eps, self.gate_up_proj.weight,
+                               self.gate_up_proj.bias, silu_mul_after=True)
+        normed, residual = norm(attended, residual)
+        return silu_mul(self.gate_up_proj(normed)), residual
+
     def forward(self, activated):
-        """activated: SiLU(gate) * up of the normed rows (DecoderLayer computes it with the norm)."""
+        """activated: SiLU(gate) * up of the normed rows (`activated`)."""
         return self.down_proj(activated)
 
 
@@ -89,22 +114,10 @@ class DecoderLayer(nn.Module):
     def forward(self, hidden, residual, positions, rotary, meta, kv_cache):
         """hidden: the previous layer's MLP output (the embeddings, with residual None, for the first layer).
         Returns this layer's MLP output and the residual stream before it is added."""
-        qkv, residual = _normed_projection(self.input_layernorm, self.self_attn.qkv_proj, hidden, residual)
-        attended = self.self_attn(qkv, positions, rotary, meta, kv_cache)
-        activated, residual = _normed_projection(self.post_attention_layernorm, self.mlp.gate_up_proj, attended,
-                                                 residual, silu_mul_after=True)
+        q, residual = self.self_attn.query(self.input_layernorm, hidden, residual, positions, rotary, meta, kv_cache)
+        attended = self.self_attn(q, meta, kv_cache)
+        activated, residual = self.mlp.activated(self.post_attention_layernorm, attended, residual)
         return self.mlp(activated), residual
-
-
-def _normed_projection(norm: nn.Module, projection: nn.Module, x, residual, silu_mul_after: bool = False):
-    """(projection(norm(x + residual)) [then SiLU * up], x + residual). A plain norm and matmul go to the kernels
-    together (one kernel where they fuse); a replaced one (a CPU weight layout, a tensor-parallel norm that
-    all-reduces first) runs as its module."""
-    if type(norm) is RMSNorm and type(projection) is Linear:
-        return norm_linear(x, residual, norm.weight, norm.eps, projection.weight, projection.bias, silu_mul_after)
-    x, residual = norm(x, residual)
-    x = projection(x)
-    return (silu_mul(x) if silu_mul_after else x), residual
 
 
 class DecoderModel(nn.Module):

@@ -6,9 +6,12 @@ import torch
 import torch.nn.functional as F
 
 from specsplit.kernels.rms_norm import add_rms_norm_torch
-from specsplit.kernels.skinny_linear import linear_silu_mul_torch, norm_linear_torch, skinny_takes
+from specsplit.kernels.rotary_kv import rotary_table
+from specsplit.kernels.rotary_kv_triton import rotary_kv_triton
+from specsplit.kernels.skinny_linear import (linear_silu_mul_torch, norm_linear_torch, norm_qkv_rotary_torch,
+                                            skinny_takes)
 from specsplit.kernels.skinny_linear_triton import (MAX_ROWS, SkinnyConfig, linear_silu_mul_triton, norm_linear_triton,
-                                                    skinny_config, skinny_linear_triton)
+                                                    norm_qkv_rotary_triton, skinny_config, skinny_linear_triton)
 from specsplit.kernels.silu_mul import silu_mul_torch
 
 
@@ -83,6 +86,53 @@ def test_bf16_roundings(device, generator):
     assert torch.equal(activated.cpu(), silu_mul_torch((x.cpu().float() @ weight.cpu().float().T).to(torch.bfloat16)))
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_norm_qkv_rotary_is_the_two_kernels_it_replaces(rows, with_bias, with_residual, device, generator):
+    """The q/k/v kernel with rotary and the cache write in its epilogue against norm_linear then rotary_kv (both
+    Triton, the same K tiles): the same q, residual stream and cache, every other cache slot untouched, no write for
+    a negative slot; and against the torch references within bf16 tolerance. Exact in the interpreter; on a GPU
+    within a rounding (the two kernels' column sums may reduce in different orders)."""
+    heads, kv_heads, head_dim, k, block_size = 4, 2, 16, 70, 4
+    x, weight, bias = _inputs(rows, (heads + 2 * kv_heads) * head_dim, k, torch.bfloat16, device, generator,
+                              bias=with_bias)
+    residual = torch.randn(rows, k, generator=generator).to(torch.bfloat16).to(device) if with_residual else None
+    norm_weight = torch.randn(k, generator=generator).to(torch.bfloat16).to(device)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    cos_sin = rotary_table(inv_freq, 1.0, 64).to(device)
+    positions = torch.tensor([37, 5, 12][:rows], device=device)
+    slots = torch.tensor([9, -1, 2][:rows], device=device)  # the second row writes nothing
+    caches = [torch.randn(6, block_size, kv_heads, head_dim, generator=generator).to(torch.bfloat16).to(device)
+              for _ in range(2)]
+    unfused_caches = [c.clone() for c in caches]
+    snapshot = [c.clone() for c in caches]
+
+    q, new_residual = norm_qkv_rotary_triton(x, residual, norm_weight, 1e-6, weight, bias, positions, cos_sin,
+                                             *caches, slots, heads, kv_heads, head_dim, block_k=128)
+    qkv, want_residual = norm_linear_triton(x, residual, norm_weight, 1e-6, weight, bias, SkinnyConfig(4, 128, 4))
+    want_q = rotary_kv_triton(qkv, positions, cos_sin, *unfused_caches, slots, heads, kv_heads, head_dim)
+    assert torch.equal(new_residual, want_residual)
+    if device.type == "cpu":
+        assert torch.equal(q, want_q)
+        assert all(torch.equal(c, u) for c, u in zip(caches, unfused_caches))
+    else:
+        torch.testing.assert_close(q, want_q, rtol=2**-7, atol=2**-7)
+        for c, u in zip(caches, unfused_caches):
+            torch.testing.assert_close(c, u, rtol=2**-7, atol=2**-7)
+    written = torch.zeros(6 * block_size, dtype=torch.bool)
+    written[slots[slots >= 0].cpu()] = True
+    for cache, before in zip(caches, snapshot):
+        slots_now, slots_before = cache.reshape(-1, kv_heads, head_dim).cpu(), before.reshape(-1, kv_heads, head_dim).cpu()
+        assert torch.equal(slots_now[~written], slots_before[~written])
+        assert not torch.equal(slots_now[written], slots_before[written])
+    want_q_torch, _ = norm_qkv_rotary_torch(
+        x.cpu().float(), None if residual is None else residual.cpu().float(), norm_weight.cpu().float(), 1e-6,
+        weight.cpu().float(), None if bias is None else bias.cpu().float(), positions.cpu(), cos_sin.cpu(),
+        *[c.cpu().float() for c in snapshot], slots.cpu(), heads, kv_heads, head_dim)
+    torch.testing.assert_close(q.cpu().float(), want_q_torch, **_tolerance(torch.bfloat16))
+
+
 def test_config_one_row_streams_k_in_long_tiles_more_rows_bound_the_accumulator():
     one_row = skinny_config(1, 896, 896, False, torch.device("cpu"))
     assert (one_row.block_n, one_row.block_k) == (4, 1024)
@@ -107,8 +157,9 @@ def test_more_rows_than_the_kernel_takes_is_an_error(device):
 
 
 def test_a_decode_step_through_the_fused_kernels_computes_the_unfused_logits(tmp_path, monkeypatch, device):
-    """The decoder wired to the fused kernels (norm into q/k/v and gate/up, SiLU * up into gate/up): a bf16 tiny
-    model's one-row decode step gives the logits of the unfused kernels, every other kernel the same (all Triton)."""
+    """The decoder wired to the fused kernels (norm into q/k/v and gate/up, rotary and the KV write into q/k/v, SiLU *
+    up into gate/up): a bf16 tiny model's one-row decode step gives the logits of the unfused kernels, every other
+    kernel the same (all Triton). The decode's logits read the KV the fused kernel wrote for its token."""
     from specsplit.kernels import dispatch
     from specsplit.services.models.loader import load_model
     from specsplit.services.runtime.model_runner import ForwardItem, ModelRunner
@@ -118,13 +169,15 @@ def test_a_decode_step_through_the_fused_kernels_computes_the_unfused_logits(tmp
     loaded = load_model(str(tmp_path / "m"), dtype="bfloat16", device=device)
     monkeypatch.setenv(dispatch.ENV_VAR, "triton")
     calls = []
-    real = dispatch.norm_linear
 
-    def counting(*args, **kwargs):
-        calls.append(dispatch._skinny(args[0], args[4]))
-        return real(*args, **kwargs)
+    def counting(real):
+        def call(*args, **kwargs):
+            calls.append((real.__name__, dispatch._skinny(args[0], args[4])))
+            return real(*args, **kwargs)
+        return call
 
-    monkeypatch.setattr("specsplit.services.models.decoder.norm_linear", counting)
+    for name in ("norm_linear", "norm_qkv_rotary"):
+        monkeypatch.setattr(f"specsplit.services.models.decoder.{name}", counting(getattr(dispatch, name)))
 
     def decode_step(skinny: str):
         """A prompt's prefill (several rows: the unfused kernels), then one token's decode step (one row)."""
@@ -140,9 +193,10 @@ def test_a_decode_step_through_the_fused_kernels_computes_the_unfused_logits(tmp
         return runner.forward([decode])[0].float()
 
     fused = decode_step("on")
-    assert calls and all(calls)  # every norm + projection of the one-row step went to the fused kernel
+    # every norm + projection of the one-row step went to a fused kernel, q/k/v's with rotary and the KV write
+    assert {name for name, _ in calls} == {"norm_linear", "norm_qkv_rotary"} and all(fused for _, fused in calls)
     unfused = decode_step("off")
-    assert calls and not any(calls)
+    assert calls and not any(fused for _, fused in calls)
     torch.testing.assert_close(fused, unfused, rtol=3e-2, atol=3e-2)
 
 
