@@ -48,12 +48,20 @@ def log(*args):
     print(*args, flush=True)
 
 
-def sweep_configs(rows: int, silu: bool) -> list[SkinnyConfig]:
+def sweep_configs(rows: int, silu: bool, wide: bool = False) -> list[SkinnyConfig]:
+    """The tiles --sweep times. wide: also many columns a program over a K loop (the loads software-pipelined over
+    num_stages), accumulators of 2-8 K floats, 4 or 8 warps."""
     block_m = 1 << (max(rows, 1) - 1).bit_length()
     out = []
     for block_n, block_k, warps in itertools.product((2, 4, 8), (512, 1024, 2048, 4096), (4, 8)):
         if block_m * block_n * block_k * (2 if silu else 1) <= 2048 * warps:
             out.append(SkinnyConfig(block_n, block_k, warps))
+    if wide:
+        for block_n, elements, warps, stages in itertools.product((2, 4, 8, 16, 32), (2048, 4096, 8192), (4, 8),
+                                                                  (2, 4)):
+            block_k = elements // block_n
+            if 32 <= block_k <= 2048 and block_m * elements * (2 if silu else 1) <= 4096 * warps:
+                out.append(SkinnyConfig(block_n, block_k, warps, stages))
     return out
 
 
@@ -63,6 +71,8 @@ def main() -> None:
     parser.add_argument("--models", default="0.5b,7b")
     parser.add_argument("--sweep", action="store_true", help="time other tiles too")
     parser.add_argument("--sweep-rows", default="1", help="the row counts --sweep times other tiles at")
+    parser.add_argument("--sweep-wide", action="store_true", help="--sweep over the wide space too (sweep_configs)")
+    parser.add_argument("--shapes", default="qkv,o,gate_up,down,lm_head", help="which of each model's matmuls")
     parser.add_argument("--calls", type=int, default=24)
     args = parser.parse_args()
     device = torch.device("cuda")
@@ -70,6 +80,8 @@ def main() -> None:
     rows_out, best = [], {}
     for model in args.models.split(","):
         for name, (n, k, fused, has_bias) in SHAPES[model].items():
+            if name not in args.shapes.split(","):
+                continue
             silu, norm = "silu" in fused, "norm" in fused
             weight_bytes = n * k * 2
             copies = max(1, min(64, -(-L2_MULTIPLE_BYTES // weight_bytes)))
@@ -110,7 +122,7 @@ def main() -> None:
                            residual_exact=residual_exact, config=vars(chosen))
                 if args.sweep and str(rows) in args.sweep_rows.split(","):
                     timed = []
-                    for config in sweep_configs(rows, silu):
+                    for config in sweep_configs(rows, silu, args.sweep_wide):
                         try:
                             timed.append((graph_us(lambda: fused_call(config), calls), config))
                         except Exception as error_:  # a tile the compiler refuses (shared memory, registers)
@@ -126,6 +138,8 @@ def main() -> None:
     for model in args.models.split(","):
         for rows in [int(r) for r in args.rows.split(",")]:
             cells = {r["shape"]: r for r in rows_out if r["model"] == model and r["rows"] == rows}
+            if len(cells) < len(SHAPES[model]):  # --shapes left some out: no layer to add up
+                continue
             layer = [cells[s] for s in ("qkv", "o", "gate_up", "down")]
             layer_unfused = sum(c["unfused_us"] for c in layer)
             layer_fused = sum(c["fused_us"] for c in layer)
@@ -136,7 +150,8 @@ def main() -> None:
                                 layer_best_swept_us=round(swept, 2) if swept else None,
                                 step_saving_us=round((layer_unfused - layer_fused) * LAYERS[model], 1),
                                 lm_head_speedup=cells["lm_head"]["speedup"]))
-    print_table(summary, list(summary[0]))
+    if summary:
+        print_table(summary, list(summary[0]))
     path = write_results("skinny_linear", rows_out, {"summary": summary, "sweep": args.sweep})
     log(f"wrote {path}")
 

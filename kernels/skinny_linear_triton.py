@@ -38,6 +38,7 @@ class SkinnyConfig:
     block_n: int
     block_k: int
     num_warps: int
+    num_stages: int = 3  # Triton's default: the K loop's loads pipelined three deep
 
 
 def skinny_config(rows: int, n: int, k: int, silu_mul: bool, device: torch.device) -> SkinnyConfig:
@@ -226,7 +227,7 @@ def _launch(x, residual, norm_weight, eps, weight, bias, silu_mul: bool, config:
         out.stride(0),
         HAS_NORM=has_norm, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, SILU_MUL=silu_mul,
         BLOCK_M=triton.next_power_of_2(rows), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        INTERPRETER=x.device.type == "cpu", num_warps=config.num_warps,
+        INTERPRETER=x.device.type == "cpu", num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out, residual_out
 
@@ -264,6 +265,8 @@ def norm_qkv_rotary_triton(x, residual, norm_weight, eps: float, weight, bias, p
     pairs = rotary_pairs_per_program(head_dim)
     assert pairs is not None, "head_dim must be twice a power of two"
     assert weight.shape[0] == (num_heads + 2 * num_kv_heads) * head_dim and norm_weight.dtype == x.dtype
+    # 16-bit only: its rotation rounds every product before adding, so no multiply-add contracts it (float32 would)
+    assert x.dtype in (torch.bfloat16, torch.float16), 'the fused q/k/v kernel takes 16-bit activations'
     assert cos_sin.is_contiguous() and key_cache.stride(3) == 1 and value_cache.stride(3) == 1
     q = torch.empty(rows, num_heads, head_dim, dtype=x.dtype, device=x.device)
     residual_out = torch.empty_like(x) if residual is not None else x
@@ -282,6 +285,6 @@ def norm_qkv_rotary_triton(x, residual, norm_weight, eps: float, weight, bias, p
         value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
         HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None, HALF=half, BLOCK_SIZE=key_cache.shape[1],
         BLOCK_M=triton.next_power_of_2(rows), BLOCK_N=pairs, BLOCK_K=block_k, INTERPRETER=x.device.type == "cpu",
-        num_warps=4, enable_fp_fusion=False,
+        num_warps=4,
     )
     return q, residual_out

@@ -200,7 +200,7 @@ def test_a_decode_step_through_the_fused_kernels_computes_the_unfused_logits(tmp
     torch.testing.assert_close(fused, unfused, rtol=3e-2, atol=3e-2)
 
 
-def test_greedy_speculation_through_the_fused_kernels_equals_the_target_alone(tiny_pair, monkeypatch):
+def test_greedy_speculation_through_the_fused_kernels_equals_the_target_alone(tiny_pair, monkeypatch, device):
     """The fused one-row path end to end (bf16, every kernel Triton): the draft's one-row steps and the target's
     one-row decodes go through it; greedy speculation gives the target alone's tokens, and the target alone gives
     the tokens it gives with the fused kernels off."""
@@ -219,7 +219,7 @@ def test_greedy_speculation_through_the_fused_kernels_equals_the_target_alone(ti
     def tokens(draft, fused: str):
         monkeypatch.setenv(dispatch.SKINNY_ENV, fused)
         engine = LocalEngine(tiny_pair["target"], draft, num_speculative_tokens=3 if draft else 0, dtype="bfloat16",
-                             speculation="fixed", warm_up=False)
+                             speculation="fixed", warm_up=False, device=str(device))
 
         async def main():
             return [(await engine.generate(p, params)).token_ids for p in prompts]
