@@ -274,14 +274,17 @@ class Coordinator:
         """Before an idle coordinator's first prefill: wait while requests keep arriving (each within a quarter of
         the window of the last), up to the window in all, so that a burst whose requests reach this process a few
         hundred microseconds apart is prefilled in one step rather than one request first and the rest a
-        prefill later (a prefill's time hardly depends on how many short prompts it holds)."""
+        prefill later (a prefill's time hardly depends on how many short prompts it holds). Woken by each arrival,
+        so a lone request pays exactly the quarter."""
         loop = asyncio.get_running_loop()
         window = self.config.arrival_window_seconds
         deadline = loop.time() + window
         seen = len(self.waiting)
         while seen < self.config.max_num_seqs and (left := deadline - loop.time()) > 0:
-            await asyncio.sleep(min(window / 4, left))
-            if len(self.waiting) == seen:
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), min(window / 4, left))
+            except asyncio.TimeoutError:
                 return  # none came within the gap: the burst is over
             seen = len(self.waiting)
 
