@@ -187,7 +187,7 @@ def services_rows(args, modes: list[str], target_dir, draft_dir, batches, ks, al
               "--no-prefix-caching"]
     kv = ["--num-kv-blocks", str(args.kv_blocks)] if args.kv_blocks else []
     coordinating = ["-k", str(max(ks)), "--speculation", "fixed", "--http-port", "-1",
-                    "--arrival-window-ms", str(args.arrival_window_ms)]
+                    *(["--arrival-window-ms", str(args.arrival_window_ms)] if args.arrival_window_ms is not None else [])]
     colocated = [m for m in modes if SERVICE_MODES[m][0] == "colocated"]
     if len(colocated) > 1:
         raise SystemExit(f"one co-located mode per run (its coordinator lives in the target): {colocated}")
@@ -465,8 +465,9 @@ def main() -> None:
     parser.add_argument("--client", default="async", choices=["async", "threads"],
                         help="the services' client: the batch's streams from one asyncio loop, or a thread each "
                         "(a blocking client per thread: their starts spread over ~0.3 ms a request on a GPU host)")
-    parser.add_argument("--arrival-window-ms", type=float, default=0.0,
-                        help="the services' coordinators' --arrival-window-ms (the one process gets its batch at once)")
+    parser.add_argument("--arrival-window-ms", type=float, default=None,
+                        help="the services' coordinators' --arrival-window-ms (default: theirs; the one process gets "
+                        "its batch at once)")
     parser.add_argument("--label", default="", help="names this code's rows (e.g. before / after)")
     parser.add_argument("--name", default="split_breakdown_cpu")
     parser.add_argument("--read-timeline", nargs=2, metavar=("FILE", "ROW"),
@@ -543,7 +544,7 @@ def main() -> None:
                    f"{args.draft} draft on {args.devices[1]} (one process: both on {args.devices[0]}), bf16"),
         "acceptance": "synthetic (NOT lossless) where alpha is set" if args.alphas else "real (greedy)",
         "max_tokens": args.max_tokens, "repeats": args.repeats, "client": args.client,
-        "arrival_window_ms": args.arrival_window_ms,
+        "arrival_window_ms": args.arrival_window_ms if args.arrival_window_ms is not None else "the services' default",
         "load_average": open("/proc/loadavg").read().split()[:3],
     })
     print(f"wrote {path}")

@@ -40,6 +40,9 @@ RELEASE_AT_CLOSE_SECONDS = 2.0  # how long a closing coordinator waits for a rep
 CLOSE_ROUND_SECONDS = 5.0  # how long a closing coordinator lets the round in flight answer before releasing
 
 
+# A burst's requests each come within this fraction of the arrival window of the last (CoordinatorConfig).
+ARRIVAL_GAPS_PER_WINDOW = 8
+
 @dataclass
 class CoordinatorConfig:
     num_speculative_tokens: int = 4         # adaptive: the most a round proposes; fixed: what every round proposes
@@ -271,11 +274,11 @@ class Coordinator:
             self._waited = False
 
     async def _gather_arrivals(self) -> None:
-        """Before an idle coordinator's first prefill: wait while requests keep arriving (each within a quarter of
+        """Before an idle coordinator's first prefill: wait while requests keep arriving (each within an eighth of
         the window of the last), up to the window in all, so that a burst whose requests reach this process a few
         hundred microseconds apart is prefilled in one step rather than one request first and the rest a
         prefill later (a prefill's time hardly depends on how many short prompts it holds). Woken by each arrival,
-        so a lone request pays exactly the quarter."""
+        so a lone request pays exactly the eighth (0.5 ms of the services' 4 ms default)."""
         loop = asyncio.get_running_loop()
         window = self.config.arrival_window_seconds
         deadline = loop.time() + window
@@ -283,7 +286,7 @@ class Coordinator:
         while seen < self.config.max_num_seqs and (left := deadline - loop.time()) > 0:
             self._wake.clear()
             try:
-                await asyncio.wait_for(self._wake.wait(), min(window / 4, left))
+                await asyncio.wait_for(self._wake.wait(), min(window / ARRIVAL_GAPS_PER_WINDOW, left))
             except asyncio.TimeoutError:
                 return  # none came within the gap: the burst is over
             seen = len(self.waiting)

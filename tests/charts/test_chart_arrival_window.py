@@ -1,4 +1,4 @@
-"""The coordinator's arrival window (`--arrival-window-ms`) in the chart: 2 ms unless set, 0 turns it off; the
+"""The coordinator's arrival window (`--arrival-window-ms`) in the chart: 4 ms unless set, 0 turns it off; the
 SpeculativeDeployment carries it and the operator passes it to the coordinator wherever it runs (its own pods, or
 every target pod when co-located), as the real CLI parses it."""
 
@@ -10,7 +10,7 @@ from specsplit.cli import build_parser
 
 @pytest.mark.parametrize("colocated", [False, True])
 def test_the_window_reaches_the_coordinator_as_set(colocated):
-    for values, window in (({}, 2.0), ({"arrivalWindowMs": 0}, 0.0), ({"arrivalWindowMs": 2.5}, 2.5)):
+    for values, window in (({}, 4.0), ({"arrivalWindowMs": 0}, 0.0), ({"arrivalWindowMs": 2.5}, 2.5)):
         cr = speculative_deployment(render({"coordinator": {"colocated": colocated, **values}}))
         assert cr["spec"]["coordinator"]["arrivalWindowMs"] == window
         command = coordinator_command(operator_objects(cr), colocated)
