@@ -137,9 +137,11 @@ def test_a_loop_that_prefilled_decodes_without_pausing(engine, monkeypatch):
 BURST = ["hello", "def f(x):", "1 2 3"]
 
 
-@pytest.mark.parametrize("window", [0.0, 0.8])
-def test_a_burst_within_the_arrival_window_is_prefilled_in_one_step(engine, window):
+@pytest.mark.parametrize("window, spin", [(0.0, False), (0.8, False), (0.8, True)])
+def test_a_burst_within_the_arrival_window_is_prefilled_in_one_step(engine, window, spin):
+    """Gaps timed on the loop's timers, or by a turning loop (`spin_arrivals`, multi-core hosts)."""
     engine.coordinator.config.arrival_window_seconds = window
+    engine.coordinator.config.spin_arrivals = spin
 
     async def main():
         requests = []
