@@ -526,8 +526,7 @@ class Coordinator:
             return False
         k = max(k_of[s] for s in speculating)
         costs = self.policy.buckets.get(bucket_of(batch))
-        t_propose = costs.propose_cost(k) if costs else None
-        t_verify = costs.verify_cost(k) if costs else None
+        t_propose, t_verify = costs.costs_near(k) if costs else (None, None)
         concurrent = all(getattr(s.draft, "concurrent", True) and getattr(s.target, "concurrent", True)
                          for s in speculating)
         rates = [rate_of[s] for s in speculating]

@@ -118,6 +118,18 @@ class BucketCosts:
     def propose_cost(self, k: int) -> float | None:
         return min(self.propose[k]) if k in self.propose else None
 
+    def costs_near(self, k: int) -> tuple[float | None, float | None]:
+        """(propose, verify) seconds at k: as measured, else from the nearest k measured with both (a larger one
+        first): the draft's call scaled by its steps, the verification as there (fewer proposals cost no more). For
+        the overlap decision, whose round k shrinks as the batch's requests near their ends."""
+        if k in self.propose and k in self.verify:
+            return self.propose_cost(k), self.verify_cost(k)
+        measured = [m for m in self.speculative() if m > 0]
+        if not measured:
+            return None, None
+        near = min(measured, key=lambda m: (m < k, abs(m - k)))
+        return self.propose_cost(near) * k / near, self.verify_cost(near)
+
     def speculative(self) -> list[int]:
         """The k > 0 measured here."""
         return sorted(k for k in self.propose if k in self.verify)

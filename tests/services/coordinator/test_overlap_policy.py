@@ -100,3 +100,22 @@ def test_a_slow_trial_is_retried_after_the_refresh_interval():
     for _ in range(5):
         policy.record_phase(1, 4, phase_seconds=0.0102, ahead_seconds=0.005)  # the pause is gone
     assert policy.decide(1, 4, [0.9], 0.004, 0.010, concurrent=True)
+
+
+def test_costs_at_a_k_not_measured_come_from_the_nearest_measured_one():
+    """Near the batch's ends its round k shrinks (each request's room): the overlap decision then reads the costs of
+    the nearest k measured (a larger one first), the draft's call scaled by its steps, rather than falling back to
+    serial rounds until that k is measured (which a round of mixed k never does)."""
+    from collections import deque
+
+    from specsplit.services.coordinator.speculation_policy import BucketCosts
+
+    costs = BucketCosts()
+    assert costs.costs_near(3) == (None, None)
+    costs.propose[4], costs.verify[4] = deque([0.004, 0.005]), deque([0.010])
+    costs.propose[1], costs.verify[1] = deque([0.0012]), deque([0.009])
+    assert costs.costs_near(4) == (0.004, 0.010)
+    assert costs.costs_near(3) == (pytest.approx(0.003), 0.010)  # from k = 4, not k = 1
+    assert costs.costs_near(6) == (pytest.approx(0.006), 0.010)  # none larger: the nearest
+    costs.propose[2] = deque([0.002])  # a propose cost without its verification: not a measured k
+    assert costs.costs_near(2) == (pytest.approx(0.002), 0.010)
