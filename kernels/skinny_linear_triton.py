@@ -14,6 +14,9 @@ float32 tile and are summed across K once at the end, so the loop is loads and F
   two, and differs from it by those roundings, as two matmul kernels differ by their sum orders).
 - SILU_MUL: the epilogue. Each program accumulates its gate columns and the matching up columns (weight rows n and
   n + N) and writes SiLU(gate) * up, with silu_mul's roundings.
+- `norm_qkv_rotary_triton` (the fused q/k/v projection): each program accumulates rotary pairs, columns j and
+  j + head_dim / 2 of one head, and finishes them as rotary_kv_triton does: q rotated to its output, k rotated and v
+  as it is into their cache slots (no qkv tensor is written, and no rotary kernel runs after it).
 
 The tile sizes follow the shape (`skinny_config`): enough programs to spread the weight over the SMs, and an
 accumulator tile of about 4096 floats per four warps.
