@@ -7,7 +7,6 @@ engine (local clients) and the gRPC coordinator service (remote clients).
 """
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -55,8 +54,6 @@ class CoordinatorConfig:
     arrival_window_seconds: float = 0.0     # an idle coordinator's first prefill waits up to this long for the
                                             # requests arriving with the first (a burst prefilled in one step);
                                             # 0 = at once
-    spin_arrivals: bool = False             # time the window's gaps by turning the loop (its timers wake in whole
-                                            # milliseconds): where the loop spins for answers (multi-core hosts)
     disable_speculation_batch_size: int = 0  # 0 = never; else speculation is off while this many decode
     replica_recovery_seconds: float = 30.0   # how long a sequence waits for a target replica before UNAVAILABLE
     probe_interval_seconds: float = 2.0      # how often replicas marked down are asked whether they are back
@@ -281,8 +278,9 @@ class Coordinator:
         the window of the last), up to the window in all, so that a burst whose requests reach this process a few
         hundred microseconds apart is prefilled in one step rather than one request first and the rest a
         prefill later (a prefill's time hardly depends on how many short prompts it holds). A lone request pays
-        the eighth (0.5 ms of the services' 4 ms default) where the loop turns (`spin_arrivals`); on the loop's
-        timers, which wake in whole milliseconds (epoll), it paid 1.1-1.4 ms on a GPU host."""
+        the eighth (0.5 ms of the services' 4 ms default). Each gap is timed by a thread's sleep, woken early by an
+        arrival: the loop's own timers wake in whole milliseconds (epoll), which made a 0.5 ms gap cost a lone
+        request 1.1-1.4 ms on a GPU host."""
         loop = asyncio.get_running_loop()
         window = self.config.arrival_window_seconds
         gap = window / ARRIVAL_GAPS_PER_WINDOW
@@ -290,12 +288,11 @@ class Coordinator:
         deadline = last + window
         seen = len(self.waiting)
         while seen < self.config.max_num_seqs and (now := loop.time()) < deadline and now - last < gap:
-            if self.config.spin_arrivals:
-                await asyncio.sleep(0)  # the arrivals' handlers run here
-            else:
-                self._wake.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), min(gap - (now - last), deadline - now))
+            self._wake.clear()
+            arrival = asyncio.ensure_future(self._wake.wait())
+            timer = loop.run_in_executor(None, time.sleep, min(gap - (now - last), deadline - now))
+            await asyncio.wait((arrival, timer), return_when=asyncio.FIRST_COMPLETED)
+            arrival.cancel()
             if len(self.waiting) != seen:
                 seen, last = len(self.waiting), loop.time()
 

@@ -1,7 +1,6 @@
 """Run the coordinator as its own process: connect to the replicas, then serve the public API."""
 
 import asyncio
-import dataclasses
 import logging
 
 from specsplit.services.coordinator.coordinator import Coordinator, CoordinatorConfig
@@ -124,8 +123,6 @@ async def start_coordinator(
             log.warning("no tokenizer: the target's model folder has none, or the target does not say where its "
                         "model is (it admits unauthenticated callers); token-id prompts only, or give --tokenizer "
                         "MODEL for text prompts")
-    # The arrival window's gaps are timed as the answers are awaited: by a turning loop where it spins.
-    config = dataclasses.replace(config or CoordinatorConfig(), spin_arrivals=client_options["spin_wait"])
     coordinator = Coordinator(target_pool, draft_pools, tok, list(first.eos_token_ids), config)
     observability = observe_coordinator(coordinator, first.model, metrics_host, metrics_port)  # metrics_port < 0: none
     watching = None
