@@ -172,7 +172,7 @@ def norm_qkv_rotary(x, residual, norm_weight, eps: float, weight, bias, position
     """(q rotated, x + residual), k and v written to the cache: a layer's attention input. One kernel where the
     few-rows kernel takes the q/k/v projection on a GPU (the norm in its prologue, rotary and the cache write in its
     epilogue); norm_linear then rotary_kv otherwise."""
-    if (_skinny(x, weight) and norm_weight.dtype == x.dtype and os.environ.get(FUSED_ROTARY_ENV, "on") != "off"):
+    if _skinny(x, weight) and norm_weight.dtype == x.dtype and os.environ.get(FUSED_ROTARY_ENV, "on") != "off":
         from specsplit.kernels.skinny_linear_triton import norm_qkv_rotary_triton, rotary_pairs_per_program
 
         if rotary_pairs_per_program(head_dim) is not None:

@@ -12,6 +12,7 @@ import random
 import time
 import uuid
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from specsplit.services.coordinator.admission import apply_model_limits, check_encodable, new_handle, new_request_id
@@ -42,6 +43,10 @@ CLOSE_ROUND_SECONDS = 5.0  # how long a closing coordinator lets the round in fl
 
 # A burst's requests each come within this fraction of the arrival window of the last (CoordinatorConfig).
 ARRIVAL_GAPS_PER_WINDOW = 8
+# Times the gaps: a thread's sleep is precise where the loop's timers wake in whole milliseconds. Its own thread,
+# so no other work queued on the loop's default executor delays a gap's end.
+_ARRIVAL_TIMER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="arrival-gap")
+
 
 @dataclass
 class CoordinatorConfig:
@@ -287,10 +292,12 @@ class Coordinator:
         last = loop.time()
         deadline = last + window
         seen = len(self.waiting)
+        timer = None
         while seen < self.config.max_num_seqs and (now := loop.time()) < deadline and now - last < gap:
+            if timer is None or timer.done():  # one sleep at a time: an arrival does not start another
+                timer = loop.run_in_executor(_ARRIVAL_TIMER, time.sleep, min(gap - (now - last), deadline - now))
             self._wake.clear()
             arrival = asyncio.ensure_future(self._wake.wait())
-            timer = loop.run_in_executor(None, time.sleep, min(gap - (now - last), deadline - now))
             await asyncio.wait((arrival, timer), return_when=asyncio.FIRST_COMPLETED)
             arrival.cancel()
             if len(self.waiting) != seen:
