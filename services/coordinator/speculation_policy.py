@@ -119,16 +119,14 @@ class BucketCosts:
         return min(self.propose[k]) if k in self.propose else None
 
     def costs_near(self, k: int) -> tuple[float | None, float | None]:
-        """(propose, verify) seconds at k: as measured, else from the nearest k measured with both (a larger one
-        first): the draft's call scaled by its steps, the verification as there (fewer proposals cost no more). For
-        the overlap decision, whose round k shrinks as the batch's requests near their ends."""
-        if k in self.propose and k in self.verify:
-            return self.propose_cost(k), self.verify_cost(k)
-        measured = [m for m in self.speculative() if m > 0]
-        if not measured:
+        """(propose, verify) seconds at k: as measured, else along the curves through what this bucket measured
+        (`along`, as round_costs predicts them: a propose call of fewer steps in proportion). For the overlap
+        decision, whose round k shrinks as the batch's requests near their ends."""
+        propose = {m: self.propose_cost(m) for m in self.speculative()}
+        if not propose:
             return None, None
-        near = min(measured, key=lambda m: (m < k, abs(m - k)))
-        return self.propose_cost(near) * k / near, self.verify_cost(near)
+        verify = {m: self.verify_cost(m) for m in self.verify}
+        return along(propose, k, proportional_below=True), along(verify, k)
 
     def speculative(self) -> list[int]:
         """The k > 0 measured here."""

@@ -102,10 +102,10 @@ def test_a_slow_trial_is_retried_after_the_refresh_interval():
     assert policy.decide(1, 4, [0.9], 0.004, 0.010, concurrent=True)
 
 
-def test_costs_at_a_k_not_measured_come_from_the_nearest_measured_one():
-    """Near the batch's ends its round k shrinks (each request's room): the overlap decision then reads the costs of
-    the nearest k measured (a larger one first), the draft's call scaled by its steps, rather than falling back to
-    serial rounds until that k is measured (which a round of mixed k never does)."""
+def test_costs_at_a_k_not_measured_come_from_the_measured_ones():
+    """Near the batch's ends its round k shrinks (each request's room): the overlap decision then reads costs along
+    the curves through the k measured (speculation_policy.along, as the speculation policy predicts them), rather
+    than falling back to serial rounds until that k is measured (which a round of mixed k never does)."""
     from collections import deque
 
     from specsplit.services.coordinator.speculation_policy import BucketCosts
@@ -113,9 +113,10 @@ def test_costs_at_a_k_not_measured_come_from_the_nearest_measured_one():
     costs = BucketCosts()
     assert costs.costs_near(3) == (None, None)
     costs.propose[4], costs.verify[4] = deque([0.004, 0.005]), deque([0.010])
-    costs.propose[1], costs.verify[1] = deque([0.0012]), deque([0.009])
     assert costs.costs_near(4) == (0.004, 0.010)
-    assert costs.costs_near(3) == (pytest.approx(0.003), 0.010)  # from k = 4, not k = 1
-    assert costs.costs_near(6) == (pytest.approx(0.006), 0.010)  # none larger: the nearest
+    assert costs.costs_near(3) == (pytest.approx(0.003), pytest.approx(0.010))  # fewer steps: in proportion
+    costs.propose[1], costs.verify[1] = deque([0.0013]), deque([0.007])
+    assert costs.costs_near(3) == (pytest.approx(0.0031), pytest.approx(0.009))  # between k = 1 and 4
+    assert costs.costs_near(6) == (pytest.approx(0.0058), pytest.approx(0.012))  # beyond: the last slope
     costs.propose[2] = deque([0.002])  # a propose cost without its verification: not a measured k
-    assert costs.costs_near(2) == (pytest.approx(0.002), 0.010)
+    assert costs.costs_near(2) == (pytest.approx(0.0022), pytest.approx(0.008))
