@@ -59,11 +59,9 @@ class Attention(nn.Module):
     def query(self, norm: nn.Module, hidden, residual, positions, rotary: RotaryEmbedding, meta: AttentionMetadata,
               kv_cache):
         """(q rotated, the residual stream): the input norm (with the residual add), the q/k/v projection, rotary,
-        and k, v written to the cache. A plain norm and projection go to the kernels together (one kernel where
-        they fuse); a replaced one (a CPU weight layout, a tensor-parallel norm that all-reduces first) runs as its
-        module."""
+        and k, v written to the cache: one kernel where they fuse (`_plain`), each as its module otherwise."""
         key_cache, value_cache = kv_cache
-        if type(norm) is RMSNorm and type(self.qkv_proj) is Linear:
+        if _plain(norm, self.qkv_proj):
             return norm_qkv_rotary(hidden, residual, norm.weight, norm.eps, self.qkv_proj.weight, self.qkv_proj.bias,
                                    positions, rotary.cos_sin, key_cache, value_cache, meta.slot_mapping,
                                    self.num_heads, self.num_kv_heads, self.head_dim)
@@ -92,7 +90,7 @@ class MLP(nn.Module):
     def activated(self, norm: nn.Module, attended, residual):
         """(SiLU(gate) * up of the normed rows, the residual stream): the post-attention norm (with the residual
         add) and the gate/up projection, one kernel where they fuse (as Attention.query)."""
-        if type(norm) is RMSNorm and type(self.gate_up_proj) is Linear:
+        if _plain(norm, self.gate_up_proj):
             return norm_linear(attended, residual, norm.weight, norm.eps, self.gate_up_proj.weight,
                                self.gate_up_proj.bias, silu_mul_after=True)
         normed, residual = norm(attended, residual)
@@ -118,6 +116,12 @@ class DecoderLayer(nn.Module):
         attended = self.self_attn(q, meta, kv_cache)
         activated, residual = self.mlp.activated(self.post_attention_layernorm, attended, residual)
         return self.mlp(activated), residual
+
+
+def _plain(norm: nn.Module, projection: nn.Module) -> bool:
+    """Whether a norm and the projection after it are this module's own, which the kernels may fuse; a replaced one
+    (a CPU weight layout, a tensor-parallel norm that all-reduces first) runs as its module."""
+    return type(norm) is RMSNorm and type(projection) is Linear
 
 
 class DecoderModel(nn.Module):
