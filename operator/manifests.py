@@ -154,7 +154,7 @@ def _coordinating_flags(spec: DeploymentSpec, resources: Resources, busy_cores: 
     window = coordinator.arrival_window_ms
     return ["--http-port", str(naming.HTTP_PORT if coordinator.http_port else -1),
             "--num-speculative-tokens", str(spec.num_speculative_tokens), *spin,
-            "--arrival-window-ms", f"{window:g}",
+            *(["--arrival-window-ms", f"{window:g}"] if window else []),
             *(["--max-num-seqs", str(coordinator.max_num_seqs)] if coordinator.max_num_seqs is not None else []),
             *(["--max-waiting", str(coordinator.max_waiting)] if coordinator.max_waiting is not None else [])]
 

@@ -101,9 +101,8 @@ class CoordinatorSpec:
     # In every target pod (`specsplit target --coordinate`) instead of a Deployment of its own: one hop per round;
     # the public API then has the target pool's replicas and the target container's resources.
     colocated: bool = False
-    # An idle coordinator's first prefill waits up to this long for a burst's requests (--arrival-window-ms, whose
-    # default this is); 0 = off.
-    arrival_window_ms: float = 4.0
+    # An idle coordinator's first prefill waits up to this long for a burst's requests (--arrival-window-ms); 0 = off.
+    arrival_window_ms: float = 0.0
     # Sequences decoding at once and requests waiting for a place (--max-num-seqs, --max-waiting); None: the
     # coordinator's defaults.
     max_num_seqs: int | None = None
@@ -493,7 +492,7 @@ def parse_spec(raw: Mapping[str, Any] | None, name: str | None = None) -> Deploy
         tls_secret_name=public_tls.name("secretName") if coordinator_fields.has("tls") else None,
         auth_token_secret_name=auth.name("tokenSecretName") if coordinator_fields.has("auth") else None,
         colocated=coordinator_fields.boolean("colocated", False),
-        arrival_window_ms=coordinator_fields.number("arrivalWindowMs", 4.0, low=0.0, high=1000.0),
+        arrival_window_ms=coordinator_fields.number("arrivalWindowMs", 0.0, low=0.0, high=1000.0),
         max_num_seqs=coordinator_fields.integer("maxNumSeqs", None, low=1, high=65536),
         max_waiting=coordinator_fields.integer("maxWaiting", None, low=1, high=1048576),
     )

@@ -137,10 +137,10 @@ def add_coordinating_args(c) -> None:
     c.add_argument("--max-waiting", type=int, default=1024,
                    help="admitted requests waiting for a place; past that RESOURCE_EXHAUSTED (HTTP 429). 0: every "
                    "new request is refused (a coordinator being drained)")
-    c.add_argument("--arrival-window-ms", type=float, default=4.0,
+    c.add_argument("--arrival-window-ms", type=float, default=0.0,
                    help="an idle coordinator's first prefill waits up to this long for more requests while they keep "
                    "arriving (each within an eighth of it of the last), so a burst is prefilled in one step; costs a "
-                   "lone request an eighth of it in time to first token (default 4: 0.5 ms). 0 = prefill at once")
+                   "lone request an eighth of it in time to first token (4: 0.5 ms). 0 (default) = prefill at once")
     c.add_argument("--disable-speculation-batch-size", type=int, default=0)
     c.add_argument("--replica-recovery-seconds", type=float, default=30.0,
                    help="how long a request waits for a target replica to come back before UNAVAILABLE")

@@ -283,9 +283,9 @@ class Coordinator:
         the window of the last), up to the window in all, so that a burst whose requests reach this process a few
         hundred microseconds apart is prefilled in one step rather than one request first and the rest a
         prefill later (a prefill's time hardly depends on how many short prompts it holds). A lone request pays
-        the eighth (0.5 ms of the services' 4 ms default). Each gap is timed by a thread's sleep, woken early by an
-        arrival: the loop's own timers wake in whole milliseconds (epoll), which made a 0.5 ms gap cost a lone
-        request 1.1-1.4 ms on a GPU host."""
+        the eighth (0.5 ms of a 4 ms window). Each gap is timed by a thread's sleep, woken early by an arrival: the
+        loop's own timers wake in whole milliseconds (epoll), which made a 0.5 ms gap cost a lone request about
+        1.1 ms on a GPU host."""
         loop = asyncio.get_running_loop()
         window = self.config.arrival_window_seconds
         gap = window / ARRIVAL_GAPS_PER_WINDOW

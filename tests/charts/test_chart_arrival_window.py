@@ -1,4 +1,4 @@
-"""The coordinator's arrival window (`--arrival-window-ms`) in the chart: 4 ms unless set, 0 turns it off; the
+"""The coordinator's arrival window (`--arrival-window-ms`) in the chart: off unless set; set, the
 SpeculativeDeployment carries it and the operator passes it to the coordinator wherever it runs (its own pods, or
 every target pod when co-located), as the real CLI parses it."""
 
@@ -9,12 +9,15 @@ from specsplit.cli import build_parser
 
 
 @pytest.mark.parametrize("colocated", [False, True])
-def test_the_window_reaches_the_coordinator_as_set(colocated):
-    for values, window in (({}, 4.0), ({"arrivalWindowMs": 0}, 0.0), ({"arrivalWindowMs": 2.5}, 2.5)):
-        cr = speculative_deployment(render({"coordinator": {"colocated": colocated, **values}}))
-        assert cr["spec"]["coordinator"]["arrivalWindowMs"] == window
-        command = coordinator_command(operator_objects(cr), colocated)
-        assert build_parser().parse_args(command[1:]).arrival_window_ms == window  # the flag _coordinator_options reads
+def test_the_window_reaches_the_coordinator_only_where_set(colocated):
+    default = speculative_deployment(render({"coordinator": {"colocated": colocated}}))
+    assert "arrivalWindowMs" not in default["spec"]["coordinator"]
+    assert "--arrival-window-ms" not in coordinator_command(operator_objects(default), colocated)
+
+    cr = speculative_deployment(render({"coordinator": {"colocated": colocated, "arrivalWindowMs": 2.5}}))
+    assert cr["spec"]["coordinator"]["arrivalWindowMs"] == 2.5
+    command = coordinator_command(operator_objects(cr), colocated)
+    assert build_parser().parse_args(command[1:]).arrival_window_ms == 2.5  # the flag _coordinator_options reads
 
 
 def test_a_negative_window_is_refused_by_the_chart():

@@ -64,8 +64,7 @@ async def test_create_builds_every_object_owned_and_labelled(operator: RunningOp
                                     "--port", "50051", "--metrics-port", "9090", "--metrics-host", "0.0.0.0",
                                     "--http-port", "8000",
                                     "--num-speculative-tokens", "5",
-                                    "--spin-wait", "off",  # no CPU request: no core set aside to spin
-                                    "--arrival-window-ms", "4"]
+                                    "--spin-wait", "off"]  # no CPU request: no core set aside to spin
     assert target["spec"]["replicas"] == 1
     assert target["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
     variants = json.loads((await cluster.get("cm", "coder-coordinator"))["data"]["draft-variants.json"])
@@ -229,7 +228,7 @@ async def test_colocated_mode_runs_the_coordinator_in_the_target_pods_and_switch
     assert target[target.index("--coordinate"):] == [
         "--coordinate", "--coordinator-port", "50050", "--coordinator-metrics-port", "9091",
         "--draft-variants-file", "/etc/specsplit/config/draft-variants.json", "--http-port", "8000",
-        "--num-speculative-tokens", "5", "--arrival-window-ms", "4"]
+        "--num-speculative-tokens", "5"]
     service = (await cluster.get("svc", "coder"))["spec"]
     assert service["selector"] == naming.selector("coder", "target")
     assert {p["name"]: p["targetPort"] for p in service["ports"]} == {

@@ -79,8 +79,7 @@ def test_pod_commands_follow_the_cli_contract() -> None:
         "specsplit", "coordinator", "--target", "coder-target:50051",
         "--draft-variants-file", "/etc/specsplit/config/draft-variants.json",
         "--port", "50051", "--metrics-port", "9090", "--metrics-host", "0.0.0.0", "--http-port", "8000",
-        "--num-speculative-tokens", "6", "--spin-wait", "off",  # a one-core request leaves no core to spin
-        "--arrival-window-ms", "4"]
+        "--num-speculative-tokens", "6", "--spin-wait", "off"]  # a one-core request leaves no core to spin
 
 
 @pytest.mark.parametrize("colocated, tensor_parallel_size, resources, spins", [

@@ -215,8 +215,7 @@ def test_the_arrival_window_is_a_coordinators_flag_in_milliseconds():
     from specsplit.services.service_commands import _coordinator_options
 
     for argv in (["coordinator", "--target", "t:1"], ["target", "--model", "m", "--coordinate", "--draft", "d:1"]):
-        # the services' default: 4 ms (requests that reach them over the network arrive spread out)
-        assert _coordinator_options(build_parser().parse_args(argv))["config"].arrival_window_seconds == 0.004
+        assert _coordinator_options(build_parser().parse_args(argv))["config"].arrival_window_seconds == 0.0
         chosen = build_parser().parse_args([*argv, "--arrival-window-ms", "1.5"])
         assert _coordinator_options(chosen)["config"].arrival_window_seconds == pytest.approx(0.0015)
     with pytest.raises(SystemExit, match="arrival-window-ms"):
