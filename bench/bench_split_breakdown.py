@@ -122,7 +122,8 @@ def in_process_rows(args, target, draft, batches, ks, alphas) -> dict:
 
     engine = LocalEngine(target, draft, num_speculative_tokens=max(ks), dtype=args.dtype, device=args.devices[0],
                          num_kv_blocks=args.kv_blocks, prefix_caching=False, synthetic_acceptance=alphas[0],
-                         coordinator_config=CoordinatorConfig(max_num_seqs=256, speculation="fixed", overlap="off"))
+                         coordinator_config=CoordinatorConfig(max_num_seqs=256, speculation="fixed", overlap="off"),
+                         decode_ahead=args.decode_ahead)
     out = {}
     for batch in batches:
         for k in ks:
@@ -199,7 +200,7 @@ def services_rows(args, modes: list[str], target_dir, draft_dir, batches, ks, al
         for alpha in alphas:
             synthetic = ["--synthetic-acceptance", str(alpha)] if alpha is not None else []
             target_argv = ["target", "--model", str(target_dir), "--device", args.devices[0], *common, *kv,
-                           *synthetic, *threads, "--warm-up-k", str(max(ks))]
+                           *synthetic, *threads, "--warm-up-k", str(max(ks)), "--decode-ahead", args.decode_ahead]
             addresses, started = {}, []
             if colocated:
                 target_argv += ["--coordinate", "--draft", d_addr, "--coordinator-port", "0",
@@ -468,6 +469,8 @@ def main() -> None:
     parser.add_argument("--arrival-window-ms", type=float, default=None,
                         help="the services' coordinators' --arrival-window-ms (default: theirs; the one process gets "
                         "its batch at once)")
+    parser.add_argument("--decode-ahead", default="auto", choices=["auto", "on", "off"],
+                        help="the target's decode ahead, in one process and in the target service alike")
     parser.add_argument("--label", default="", help="names this code's rows (e.g. before / after)")
     parser.add_argument("--name", default="split_breakdown_cpu")
     parser.add_argument("--read-timeline", nargs=2, metavar=("FILE", "ROW"),
@@ -545,6 +548,7 @@ def main() -> None:
         "acceptance": "synthetic (NOT lossless) where alpha is set" if args.alphas else "real (greedy)",
         "max_tokens": args.max_tokens, "repeats": args.repeats, "client": args.client,
         "arrival_window_ms": args.arrival_window_ms if args.arrival_window_ms is not None else "the services' default",
+        "decode_ahead": args.decode_ahead,
         "load_average": open("/proc/loadavg").read().split()[:3],
     })
     print(f"wrote {path}")

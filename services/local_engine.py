@@ -57,6 +57,7 @@ class LocalEngine:
         proposer: str = "model",
         ngram_max: int = DEFAULT_NGRAM_MAX,
         ngram_min: int = DEFAULT_NGRAM_MIN,
+        decode_ahead: str = "auto",
     ):
         """`synthetic_acceptance`: BENCHMARK ONLY, not lossless (services/target/synthetic_acceptance.py).
         `target_weights` / `draft_weights`: how each model's linear layers hold weights (models/weight_formats.py);
@@ -72,7 +73,9 @@ class LocalEngine:
         that many ranks, this process being rank 0 (runtime/tensor_parallel_launch.py); gloo on the CPU. A sharded
         model keeps the fixed default layouts (no calibration).
         `proposer`: "model" (the `draft` model proposes) or "ngram" (prompt lookup with tails of `ngram_max` down to
-        `ngram_min` tokens, draft/ngram_proposer.py; `draft` must be None)."""
+        `ngram_min` tokens, draft/ngram_proposer.py; `draft` must be None).
+        `decode_ahead`: the target runs plain decodes' next steps ahead ("auto", "on", "off"; target/decode_ahead.py:
+        auto = on a GPU, where the step runs while the coordinator commits)."""
         if num_speculative_tokens < 0:
             raise InvalidArgument(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
         if proposer not in ("model", "ngram"):
@@ -107,7 +110,8 @@ class LocalEngine:
             self.target_runner = ModelRunner(self.target, **runner_options)
         if self.draft is not None and draft_tensor_parallel_size <= 1:
             self.layouts["draft"] = use_calibrated_layout(self.draft, draft_weights, "draft", role_rows("draft", k))
-        self.verifier = TargetVerifier(self.target_runner, synthetic_acceptance=synthetic_acceptance, acceptance=acceptance)
+        self.verifier = TargetVerifier(self.target_runner, synthetic_acceptance=synthetic_acceptance, acceptance=acceptance,
+                                       decode_ahead=decode_ahead)
         targets = ReplicaPool("target", [LocalTargetClient(self.verifier)])
         drafts = []
         self.proposer = None

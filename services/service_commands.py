@@ -16,6 +16,7 @@ from specsplit.services.runtime.cpu_wait_policy import WAIT_REASON_ENV
 from specsplit.services.rpc.security import ChannelSecurity, add_server_tls_args, read_tokens, server_security_from_args
 from specsplit.services.rpc.worker_credentials import WORKER_SECRET_ENV, load_worker_secret, new_worker_secret
 from specsplit.services.target.acceptance_flags import acceptance_argv, acceptance_policy_from_args, add_acceptance_args
+from specsplit.services.target.decode_ahead import DECODE_AHEAD_MODES
 
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
@@ -41,6 +42,7 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
                            help="BENCHMARK ONLY, NOT LOSSLESS: accept each proposal with probability ALPHA instead of "
                            "the rejection test (for random-weight models); never use when serving")
             add_acceptance_args(p)
+            add_decode_ahead_arg(p)
         p.add_argument("--weights", default="auto",
                        choices=WEIGHT_FORMATS if role == "draft" else [f for f in WEIGHT_FORMATS if f not in DRAFT_ONLY_FORMATS],
                        help="how linear weights are held on the CPU: auto = the fastest of "
@@ -114,6 +116,7 @@ def add_service_commands(sub, add_model_args, add_sampling_args) -> None:
     add_acceptance_args(s)
     add_logprobs_switch_arg(s)
     add_batch_invariant_arg(s)
+    add_decode_ahead_arg(s)
     for role in ("target", "draft", "coordinator"):
         s.add_argument(f"--{role}-threads", type=int, default=0, metavar="N",
                        help=f"intra-op CPU threads of the {role} process (0 = "
@@ -197,6 +200,14 @@ def add_tensor_parallel_args(p) -> None:
                    help="shard the draft over M GPUs (usually 1: a small draft gains little from sharding)")
 
 
+def add_decode_ahead_arg(p) -> None:
+    """`--decode-ahead` (target, serve, generate --local): the target's plain decodes run their next step ahead."""
+    p.add_argument("--decode-ahead", choices=DECODE_AHEAD_MODES, default="auto",
+                   help="the target runs a plain decode's next step (a sequence with no proposals) as soon as it "
+                   "answers, while the reply travels and the coordinator commits; the next call takes its result. "
+                   "Same tokens either way. auto = on a GPU (on the CPU the step runs before the reply: no gain)")
+
+
 def add_batch_invariant_arg(p) -> None:
     """`--batch-invariant` (serve, target, draft, generate --local): applied for the whole process by cli.main."""
     p.add_argument("--batch-invariant", action="store_true",
@@ -274,6 +285,7 @@ def _run_worker(args) -> int:
             raise SystemExit("specsplit: error: the draft needs --model MODEL (or --proposer ngram)")
     else:
         options["acceptance"] = acceptance_policy_from_args(args)
+        options["decode_ahead"] = args.decode_ahead
         if args.synthetic_acceptance is not None:
             options["synthetic_acceptance"] = args.synthetic_acceptance
     worker = dict(lease_seconds=args.lease_seconds, metrics_port=args.metrics_port, round_port=args.round_port,
@@ -431,7 +443,7 @@ def _run_serve(args) -> int:
         target, target_addr = spawn_service(["target", "--model", args.target, "--host", "127.0.0.1", "--port", "0",
                                              "--weights", args.target_weights, "--layout-k", str(k if speculating else 0),
                                              "--threads", str(args.target_threads), *model_flags, *worker_metrics,
-                                             *acceptance_argv(args),
+                                             *acceptance_argv(args), "--decode-ahead", args.decode_ahead,
                                              "--tensor-parallel-size", str(args.target_tensor_parallel_size)], env)
         processes.append(target)
         coordinator_argv = ["coordinator", "--target", target_addr, "--host", args.host, "--port", str(args.port),

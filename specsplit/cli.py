@@ -140,7 +140,7 @@ async def _generate_local(args) -> int:
         target_weights=args.target_weights, draft_weights=args.draft_weights,
         target_tensor_parallel_size=args.target_tensor_parallel_size,
         draft_tensor_parallel_size=args.draft_tensor_parallel_size,
-        acceptance=acceptance_policy_from_args(args), **ngram_options(args),
+        acceptance=acceptance_policy_from_args(args), decode_ahead=args.decode_ahead, **ngram_options(args),
         coordinator_config=CoordinatorConfig(speculation=args.speculation, overlap=args.overlap,
                                              logprobs_while_speculating=args.logprobs_while_speculating),
     )
@@ -197,7 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--tls-server-name", default=None, help="name to verify in the coordinator's certificate (--server)")
     _add_sampling_args(gen)
     _add_model_args(gen)
-    from specsplit.services.service_commands import (add_batch_invariant_arg, add_logprobs_switch_arg, add_speculation_arg,
+    from specsplit.services.service_commands import (add_batch_invariant_arg, add_decode_ahead_arg,
+                                                     add_logprobs_switch_arg, add_speculation_arg,
                                                      add_weight_format_args)
     from specsplit.services.target.acceptance_flags import add_acceptance_args
 
@@ -209,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_logprobs_switch_arg(gen)
     add_speculation_arg(gen)
     add_batch_invariant_arg(gen)  # --local
+    add_decode_ahead_arg(gen)  # --local
     from specsplit.services.draft.proposer_flags import add_proposer_args
 
     add_proposer_args(gen)  # --local

@@ -128,7 +128,7 @@ class TargetPrefillRequest(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[TargetPrefillItem, _Mapping]]] = ..., traceparents: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class VerifyRequest(_message.Message):
-    __slots__ = ("handles", "cached_lens", "delta_lens", "delta_token_ids", "draft_counts", "draft_token_ids", "supports", "q_token_ids", "q_probs", "logprobs", "bonus_guesses", "traceparents")
+    __slots__ = ("handles", "cached_lens", "delta_lens", "delta_token_ids", "draft_counts", "draft_token_ids", "supports", "q_token_ids", "q_probs", "logprobs", "bonus_guesses", "traceparents", "decode_ahead")
     HANDLES_FIELD_NUMBER: _ClassVar[int]
     CACHED_LENS_FIELD_NUMBER: _ClassVar[int]
     DELTA_LENS_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +141,7 @@ class VerifyRequest(_message.Message):
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     BONUS_GUESSES_FIELD_NUMBER: _ClassVar[int]
     TRACEPARENTS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_AHEAD_FIELD_NUMBER: _ClassVar[int]
     handles: _containers.RepeatedScalarFieldContainer[str]
     cached_lens: _containers.RepeatedScalarFieldContainer[int]
     delta_lens: _containers.RepeatedScalarFieldContainer[int]
@@ -153,7 +154,8 @@ class VerifyRequest(_message.Message):
     logprobs: _containers.RepeatedScalarFieldContainer[int]
     bonus_guesses: _containers.RepeatedScalarFieldContainer[int]
     traceparents: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, handles: _Optional[_Iterable[str]] = ..., cached_lens: _Optional[_Iterable[int]] = ..., delta_lens: _Optional[_Iterable[int]] = ..., delta_token_ids: _Optional[_Iterable[int]] = ..., draft_counts: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., supports: _Optional[_Iterable[int]] = ..., q_token_ids: _Optional[bytes] = ..., q_probs: _Optional[bytes] = ..., logprobs: _Optional[_Iterable[int]] = ..., bonus_guesses: _Optional[_Iterable[int]] = ..., traceparents: _Optional[_Iterable[str]] = ...) -> None: ...
+    decode_ahead: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, handles: _Optional[_Iterable[str]] = ..., cached_lens: _Optional[_Iterable[int]] = ..., delta_lens: _Optional[_Iterable[int]] = ..., delta_token_ids: _Optional[_Iterable[int]] = ..., draft_counts: _Optional[_Iterable[int]] = ..., draft_token_ids: _Optional[_Iterable[int]] = ..., supports: _Optional[_Iterable[int]] = ..., q_token_ids: _Optional[bytes] = ..., q_probs: _Optional[bytes] = ..., logprobs: _Optional[_Iterable[int]] = ..., bonus_guesses: _Optional[_Iterable[int]] = ..., traceparents: _Optional[_Iterable[str]] = ..., decode_ahead: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class VerifyResponse(_message.Message):
     __slots__ = ("errors", "num_accepted", "counts", "token_ids", "num_cached", "logprobs", "acceptance_methods")

@@ -455,10 +455,11 @@ class Coordinator:
                     proposals[sequence] = split_guess(proposal, k_of[sequence])
         proposed = time.perf_counter()
         live = [s for s in sequences if not s.finished]
-        verify_calls = [
-            self._call(client, "verify", [self._verify_item(s, *proposals.get(s, (None, None))) for s in group], group)
-            for client, group in _group(live, lambda s: s.target)
-        ]
+        verify_calls = []
+        for client, group in _group(live, lambda s: s.target):
+            ahead = self._decoding_ahead(group, limits, batch)
+            verify_calls.append(self._call(client, "verify", [
+                self._verify_item(s, *proposals.get(s, (None, None)), s in ahead) for s in group], group))
         # While the target verifies, the draft proposes the next round from the optimistic continuation: after this
         # round's proposals and bonus guess, or, catching up, after its guess of the one token this round decodes.
         ahead = {s: self._ahead_length(s, batch, k_of[s], k_of[s] + 1) for s in live
@@ -685,12 +686,24 @@ class Coordinator:
             if pool is not None and sequence.draft.name in pool.down:
                 self._on_draft_error(sequence, down)
 
-    def _verify_item(self, sequence: SequenceState, proposal, guess: int | None = None) -> VerifyItem:
+    def _decoding_ahead(self, group: list[SequenceState], limits: dict, batch: int) -> set[SequenceState]:
+        """The sequences of one target's call whose next step that target may run ahead (target/decode_ahead.py):
+        where the whole call decodes plainly now and next round with nothing joining it (no prefill beside this
+        round), every sequence that does not end this round. None where the next call would still run a step of
+        its own (proposals, a new sequence): the step ahead would then be extra work."""
+        if not self._round_alone or any(limits[s] > 0 or self._speculation_length(s, batch, ahead=1) > 0
+                                        for s in group):
+            return set()
+        return {s for s in group if s.stop.max_tokens - (len(s.committed) - s.prompt_len) >= 2}
+
+    def _verify_item(self, sequence: SequenceState, proposal, guess: int | None = None,
+                     decode_ahead: bool = False) -> VerifyItem:
         item = VerifyItem(
             sequence.handle,
             sequence.target_cached,
             sequence.committed[sequence.target_cached :],
             logprobs=sequence.request.params.logprobs,
+            decode_ahead=decode_ahead,
         )
         if proposal is not None and proposal.token_ids:
             item.draft_token_ids = proposal.token_ids

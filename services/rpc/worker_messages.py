@@ -250,6 +250,7 @@ def verify_request(items: list[VerifyItem], traceparents: list[str] | None = Non
         q_token_ids=pack_ids(_concat(ids)) if ids else b"", q_probs=pack_probs(_concat(probs)) if probs else b"",
         logprobs=logprobs if any(n >= 0 for n in logprobs) else (),
         bonus_guesses=guesses if any(g >= 0 for g in guesses) else (), traceparents=traceparents or (),
+        decode_ahead=[i.decode_ahead for i in items] if any(i.decode_ahead for i in items) else (),
     )
 
 
@@ -262,7 +263,8 @@ def verify_items(request: worker_pb2.VerifyRequest) -> list:
                  supports=request.supports)
     logprobs = list(request.logprobs) or [-1] * n
     guesses = list(request.bonus_guesses) or [-1] * n
-    _same_length(n, logprobs=logprobs, bonus_guesses=guesses)
+    ahead = list(request.decode_ahead) or [False] * n
+    _same_length(n, logprobs=logprobs, bonus_guesses=guesses, decode_ahead=ahead)
     counts = list(request.draft_counts)
     deltas = _split(list(request.delta_token_ids), list(request.delta_lens), "delta_token_ids")
     drafts = _split(list(request.draft_token_ids), counts, "draft_token_ids")
@@ -273,7 +275,8 @@ def verify_items(request: worker_pb2.VerifyRequest) -> list:
         if wanted > MAX_LOGPROBS:
             raise InvalidArgument(f"logprobs must be in [0, {MAX_LOGPROBS}], got {wanted}")
         return VerifyItem(handles[i], request.cached_lens[i], deltas[i], drafts[i], q_ids[i], q_probs[i],
-                          logprobs=wanted if wanted >= 0 else None, bonus_guess=guesses[i] if guesses[i] >= 0 else None)
+                          logprobs=wanted if wanted >= 0 else None, bonus_guess=guesses[i] if guesses[i] >= 0 else None,
+                          decode_ahead=ahead[i])
 
     return _checked_columns(handles, decode)
 

@@ -22,8 +22,10 @@ log = logging.getLogger(__name__)
 
 def build_worker_service(role: str, model: str, dtype="float32", device="cpu", num_kv_blocks=None, block_size=16, draft_support=32,
                          synthetic_acceptance=None, weight_format="auto", prefix_caching=True, warm_up_k=4, acceptance=None,
-                         layout_k=4, tensor_parallel_size=1, proposer="model", ngram_max=None, ngram_min=None):
+                         layout_k=4, tensor_parallel_size=1, proposer="model", ngram_max=None, ngram_min=None,
+                         decode_ahead="auto"):
     """`layout_k`: the proposals per round that an "auto" layout is measured for (0: a target decoding alone).
+    `decode_ahead`: whether a target runs plain decodes' next steps ahead (target/decode_ahead.py; auto = on a GPU).
     `tensor_parallel_size` > 1: this process is rank 0 and serves; the other ranks are its children (a sharded model
     keeps the fixed default layouts). `proposer` "ngram": a draft that looks proposals up, with no model."""
     if role == "draft" and proposer == "ngram":  # prompt lookup: no model to load
@@ -62,7 +64,8 @@ def build_worker_service(role: str, model: str, dtype="float32", device="cpu", n
 
     # synthetic_acceptance is for benchmarks only (not lossless); the verifier logs a loud warning when it is set, and
     # when `acceptance` (an AcceptancePolicy) enables typical acceptance, which is not lossless either.
-    verifier = TargetVerifier(runner, synthetic_acceptance=synthetic_acceptance, acceptance=acceptance)
+    verifier = TargetVerifier(runner, synthetic_acceptance=synthetic_acceptance, acceptance=acceptance,
+                              decode_ahead=decode_ahead)
     _warm_up(verifier, warm_up_k)
     return TargetService(verifier, loaded.name), "specsplit.v1.TargetWorker"
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from specsplit.services.runtime.pending_step import PendingStep
+
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -69,18 +71,34 @@ class GraphCache:
         to one device tensor. `wait` False: return None at once, without the result (a tensor-parallel rank that
         does not decide: its next call cannot come before rank 0 has this one's result, which needs this rank's
         replay to have reached its last collective, long after it read its inputs)."""
+        step = self._replay(key, program, host_inputs)
+        if not wait:
+            return None
+        with torch.cuda.device(self.device):
+            if not step.copies_inside:
+                step.result.copy_(step.output, non_blocking=True)
+            torch.cuda.current_stream(self.device).synchronize()
+        return step.result.numpy()
+
+    def launch(self, key: tuple, program, host_inputs: np.ndarray) -> PendingStep:
+        """Like `run`, without waiting: the result is read from the returned PendingStep, which must happen before
+        this key's graph replays again (the replay overwrites its host buffers)."""
+        step = self._replay(key, program, host_inputs)
+        with torch.cuda.device(self.device):
+            if not step.copies_inside:
+                step.result.copy_(step.output, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+        return PendingStep(step.result, event)
+
+    def _replay(self, key: tuple, program, host_inputs: np.ndarray) -> CapturedStep:
         step = self.steps.get(key) or self._capture(key, program, host_inputs)
         step.staging.numpy()[:] = host_inputs
         with torch.cuda.device(self.device):  # a graph replays on its own device's current stream
             if not step.copies_inside:
                 step.inputs.copy_(step.staging, non_blocking=True)
             step.graph.replay()
-            if not wait:
-                return None
-            if not step.copies_inside:
-                step.result.copy_(step.output, non_blocking=True)
-            torch.cuda.current_stream(self.device).synchronize()
-        return step.result.numpy()
+        return step
 
     def _capture(self, key: tuple, program, host_inputs: np.ndarray) -> CapturedStep:
         with torch.cuda.device(self.device):  # capture runs on the current device's streams: make it this one

@@ -26,6 +26,7 @@ from specsplit.services.models.rotary import PADDING_POSITIONS
 from specsplit.services.runtime.cuda_graphs import GraphCache, bucket_for
 from specsplit.services.runtime.device_block_tables import DeviceBlockTables
 from specsplit.services.runtime.host_transfer import to_device
+from specsplit.services.runtime.pending_step import PendingStep
 
 CUDA_GRAPHS_ENV = "SPECSPLIT_CUDA_GRAPHS"  # "0" turns them off (benchmarks compare both)
 CONTEXT_CLASSES = (256, 2048)  # then the served context
@@ -139,6 +140,29 @@ class ModelRunner:
         layout = program.layout(shape, bucket or len(tables))
         host = layout.pack({**values, **self.block_tables.sync(tables)}, np.empty(layout.size, dtype=np.int64))
         return self.execute_step(program, shape, layout, host, bucket)
+
+    def launch_step(self, program, shape, values: dict, tables: list[BlockTable]) -> PendingStep:
+        """`run_step` without waiting for the result: on a GPU the step is queued and the host goes on; the result
+        is read from the PendingStep, before any other step program of this runner runs (target/decode_ahead.py)."""
+        bucket = bucket_for(len(tables)) if self.graphs is not None else None
+        layout = program.layout(shape, bucket or len(tables))
+        host = layout.pack({**values, **self.block_tables.sync(tables)}, np.empty(layout.size, dtype=np.int64))
+        return self.start_step(program, shape, layout, host, bucket)
+
+    def start_step(self, program, shape, layout, host: np.ndarray, bucket: int | None) -> PendingStep:
+        """`execute_step`'s launch alone (the ranks of a tensor-parallel replica run it as they run that)."""
+        if bucket is not None:
+            return self.graphs.launch((program.name, shape, bucket),
+                                      lambda inputs: self._run_program(program, shape, layout, inputs), host)
+        with torch.inference_mode():
+            output = self._run_program(program, shape, layout, torch.from_numpy(host).to(self.device))
+            if output.device.type != "cuda":
+                return PendingStep(output.numpy())
+            result = torch.empty(output.shape, dtype=output.dtype, pin_memory=True)
+            result.copy_(output, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(output.device))
+            return PendingStep(result, event)
 
     def execute_step(self, program, shape, layout, host: np.ndarray, bucket: int | None) -> np.ndarray:
         """Run a step program on its packed inputs (a graph replay when `bucket` is set). The ranks of a

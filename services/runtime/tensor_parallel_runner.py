@@ -32,6 +32,7 @@ import numpy as np
 from specsplit.services.errors import Unavailable
 from specsplit.services.kv.block_manager import BlockTable
 from specsplit.services.runtime.model_runner import ForwardItem, ModelRunner
+from specsplit.services.runtime.pending_step import PendingStep
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,11 @@ class DrivingModelRunner(ModelRunner):
         self._check_up()
         self._guarded(self.group.send_step, program.name, shape, layout.rows, host, bucket)
         return self._guarded(super().execute_step, program, shape, layout, host, bucket)
+
+    def start_step(self, program, shape, layout, host: np.ndarray, bucket: int | None) -> PendingStep:
+        self._check_up()
+        self._guarded(self.group.send_step, program.name, shape, layout.rows, host, bucket)
+        return _GuardedStep(self._guarded(super().start_step, program, shape, layout, host, bucket), self._guarded)
 
     def use_all_reduce(self, mode: str) -> str:
         """Switch every rank's all-reduce (nccl, symm, fused, auto); returns the mode they agreed on. The graphs
@@ -119,6 +125,21 @@ class DrivingModelRunner(ModelRunner):
             if self.followers is not None:
                 self.followers.on_lost(self.lost)
             raise Unavailable(f"tensor-parallel replica is down: {self.lost}") from None
+
+
+class _GuardedStep(PendingStep):
+    """A launched step whose wait, like every step of the lockstep, reads a failed collective as a lost rank."""
+
+    def __init__(self, step: PendingStep, guarded):
+        super().__init__(None)
+        self._step = step
+        self._guarded = guarded
+
+    def done(self) -> bool:
+        return self._step.done()
+
+    def result(self):
+        return self._guarded(self._step.result)
 
 
 def _is_collective_error(error: RuntimeError) -> bool:

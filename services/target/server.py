@@ -17,7 +17,8 @@ class TargetService(worker_pb2_grpc.TargetWorkerServicer):
         self.model_name = model_name
         self.describe_model_path = True  # False on a worker open to unauthenticated callers (worker_process.py)
         self.round_port = 0  # where its round channel listens, once it does (rpc/round_channel.py)
-        self.telemetry = WorkerTelemetry("target", verifier.runner, verifier.sequences)
+        self.telemetry = WorkerTelemetry("target", verifier.runner, verifier.sequences,
+                                         decode_ahead=verifier.decode_ahead)
         self.batcher = StepBatcher(
             self.telemetry.instrument({
                 "prefill": valid_items_only(verifier.prefill),

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from specsplit.services.errors import InvalidArgument
+from specsplit.services.errors import InvalidArgument, KVCacheFull
 from specsplit.services.runtime.cuda_graphs import BATCH_BUCKETS
 from specsplit.services.runtime.model_runner import ForwardItem, ModelRunner
 from specsplit.services.runtime.worker_sequences import WorkerSampling, WorkerSequence, WorkerSequences
@@ -25,6 +25,7 @@ from specsplit.services.sampling.batch_sampling import sampling_fields, sampling
 from specsplit.services.sampling.token_logprob import TokenLogprob
 from specsplit.services.sampling_params import MAX_LOGPROBS
 from specsplit.services.target.acceptance_method import TYPICAL, AcceptancePolicy
+from specsplit.services.target.decode_ahead import DecodeAhead, decode_ahead_enabled
 from specsplit.services.target.synthetic_acceptance import check_alpha, warn_enabled
 from specsplit.services.target.verify_steps import VerifyShape, VerifySteps, decide, pack_decision
 
@@ -48,6 +49,8 @@ class VerifyItem:
     logprobs: int | None = None
     bonus_guess: int | None = None           # the draft's guess of the bonus token (overlapped rounds); read only by
                                              # the synthetic-acceptance benchmark mode, whose coin decides if it is right
+    decode_ahead: bool = False               # the coordinator's word that the sequence's next round is a plain decode
+                                             # of the token this call emits (target/decode_ahead.py)
 
 
 @dataclass
@@ -61,10 +64,12 @@ class Verdict:
 
 class TargetVerifier:
     def __init__(self, runner: ModelRunner, max_speculative_tokens: int = 16, synthetic_acceptance: float | None = None,
-                 acceptance: AcceptancePolicy | None = None):
+                 acceptance: AcceptancePolicy | None = None, decode_ahead: str = "auto"):
         """`synthetic_acceptance`: BENCHMARK ONLY, not lossless (see synthetic_acceptance.py); None in serving.
-        `acceptance`: rejection sampling (lossless) unless it enables typical acceptance (NOT lossless)."""
+        `acceptance`: rejection sampling (lossless) unless it enables typical acceptance (NOT lossless).
+        `decode_ahead`: auto, on or off (decode_ahead.py; auto = on a GPU)."""
         self.runner = runner
+        self.decode_ahead = DecodeAhead(decode_ahead_enabled(decode_ahead, runner.device))
         self.sequences = WorkerSequences(runner)
         self.max_speculative_tokens = max_speculative_tokens
         self.acceptance = acceptance or AcceptancePolicy()
@@ -113,12 +118,28 @@ class TargetVerifier:
         return results
 
     def verify(self, items: list[VerifyItem]) -> list[Verdict | Exception]:
+        # A step launched ahead (decode_ahead.py) answers the calls that ask exactly what it ran; the rest run now.
+        self.decode_ahead.settle()
+        ahead = self.decode_ahead.claim([item.handle for item in items])
+        results = self._verify(items, ahead)
+        if self.decode_ahead.enabled and not any(item.draft_token_ids for item in items):
+            self._launch_ahead([(self.sequences.get(item.handle), item.logprobs, result)
+                                for item, result in zip(items, results) if item.decode_ahead and isinstance(result, Verdict)])
+        return results
+
+    def _verify(self, items: list[VerifyItem], ahead: dict) -> list[Verdict | Exception]:
         results: list = [None] * len(items)
         checked: list[tuple[int, WorkerSequence]] = []
         for i, item in enumerate(items):
             try:
                 self._check(item, len(item.draft_token_ids))
-                checked.append((i, self.sequences.get(item.handle)))
+                sequence = self.sequences.get(item.handle)
+                packed = self.decode_ahead.answer(ahead.get(item.handle), sequence, item.cached_len, item.delta,
+                                                  len(item.draft_token_ids), item.logprobs)
+                if packed is not None:
+                    results[i] = self._verdict(packed, sequence, item.cached_len + 1, 0, item.logprobs)
+                else:
+                    checked.append((i, sequence))
             except Exception as error:  # per-item failure; the rest of the batch goes on
                 results[i] = error
         q = _stack_q([items[i] for i, _ in checked], self.runner.vocab_size)
@@ -159,10 +180,7 @@ class TargetVerifier:
         if shape.synthetic is not None:  # benchmark only: the synthetic coin may confirm a bonus guess
             fields["guess"] = [-1 if item.bonus_guess is None else item.bonus_guess for item in batch_items]
         if shape.typical != "none":  # NOT lossless, opted in: each sequence's choice and parameters
-            samplings = [s.sampling for s in sequences]
-            fields["typical"] = [s.acceptance_method == TYPICAL for s in samplings]
-            fields["posterior_threshold"] = [s.posterior_threshold or 0.0 for s in samplings]
-            fields["posterior_alpha"] = [s.posterior_alpha or 0.0 for s in samplings]
+            fields.update(_typical_fields(sequences))
         if not shape.greedy and steps:
             rows = [b for b, (i, _) in enumerate(checked) if results[i] is None]
             fields["q_ids"] = _widen(q.ids[rows], steps, support).reshape(len(rows), -1)
@@ -173,6 +191,34 @@ class TargetVerifier:
             item = items[i]
             results[i] = self._verdict(packed[b], sequence, start + len(item.delta), steps, item.logprobs)
         return results
+
+    def _launch_ahead(self, decoded: list[tuple[WorkerSequence, int | None, Verdict]]) -> None:
+        """Launch the next plain decode step of sequences that just decoded one token: each row's input is that token
+        (decode_ahead.py). A row whose KV has no room, or whose context is full, is left to its call."""
+        self.decode_ahead.prune(lambda handle: self.sequences.get(handle) if handle in self.sequences else None)
+        rows = []
+        for sequence, logprobs, verdict in decoded:
+            if len(verdict.token_ids) != 1 or verdict.num_cached + 1 > self.runner.max_model_len:
+                continue
+            try:
+                self.runner.reserve_tokens(sequence.table, 1)
+            except KVCacheFull:
+                continue
+            rows.append((sequence, verdict.num_cached, verdict.token_ids[0], logprobs))
+        if not rows:
+            return
+        sequences = [sequence for sequence, _, _, _ in rows]
+        starts = np.array([cached for _, cached, _, _ in rows], dtype=np.int64)
+        shape = self._shape(sequences, [logprobs for _, _, _, logprobs in rows], width=1, steps=0, support=1,
+                            longest=int(starts.max()) + 1)
+        fields = {"start": starts, "n_delta": [1] * len(rows), "tokens": np.array([[t] for _, _, t, _ in rows]),
+                  "k": [0] * len(rows), **sampling_fields([s.sampling for s in sequences])}
+        if shape.synthetic is not None:
+            fields["guess"] = [-1] * len(rows)
+        if shape.typical != "none":
+            fields.update(_typical_fields(sequences))
+        step = self.runner.launch_step(VerifySteps, shape, fields, [s.table for s in sequences])
+        self.decode_ahead.add(rows, step)
 
     def warm_up(self, max_batch: int = 64, max_k: int = 4, sampled: bool = True) -> int:
         """Capture the verifications a round is likely to run (every batch bucket up to `max_batch`, plain decodes
@@ -198,6 +244,7 @@ class TargetVerifier:
         return len(graphs.steps) - before
 
     def release(self, handles: list[str]) -> int:
+        self.decode_ahead.forget(handles)
         return sum(self.sequences.release(h) for h in handles)
 
     def _check(self, item: VerifyItem, k: int) -> None:
@@ -249,6 +296,14 @@ class TargetVerifier:
 # Proposal counts (and delta widths) and q supports a verification graph is captured for: a batch pads to the next.
 STEP_SIZES = (1, 2, 4, 8, 16)
 SUPPORT_SIZES = (32, 64, 128, 256)
+
+
+def _typical_fields(sequences: list[WorkerSequence]) -> dict:
+    """Typical acceptance's per-sequence inputs (NOT lossless, opted in): whether it applies, and its parameters."""
+    samplings = [s.sampling for s in sequences]
+    return {"typical": [s.acceptance_method == TYPICAL for s in samplings],
+            "posterior_threshold": [s.posterior_threshold or 0.0 for s in samplings],
+            "posterior_alpha": [s.posterior_alpha or 0.0 for s in samplings]}
 
 
 def _widen(array: np.ndarray, steps: int, support: int) -> np.ndarray:

@@ -50,10 +50,13 @@ class ForwardClock:
 
 
 class WorkerTelemetry:
-    def __init__(self, role: str, runner, sequences, registry: CollectorRegistry | None = None, proposer: str = ""):
+    def __init__(self, role: str, runner, sequences, registry: CollectorRegistry | None = None, proposer: str = "",
+                 decode_ahead=None):
         """`proposer`: a draft's proposer kind ("model" or "ngram"), exported as specsplit_draft_proposer{proposer}
-        and on the draft's spans; `runner` None: a draft without a model (no KV gauges)."""
+        and on the draft's spans; `runner` None: a draft without a model (no KV gauges). `decode_ahead`: a
+        target's DecodeAhead (target/decode_ahead.py), whose row counts are exported."""
         self.role = role
+        self.decode_ahead = decode_ahead
         self.proposer = proposer
         self.runner = runner
         self.sequences = sequences
@@ -202,6 +205,13 @@ class _WorkerGauges:
             family = GaugeMetricFamily(name, help_text, labels=["role"])
             family.add_metric([t.role], value)
             yield family
+        if t.decode_ahead is not None:
+            rows = CounterMetricFamily("specsplit_decode_ahead_rows", "Plain decode rows the target ran ahead "
+                                       "(launched), that the next call took (taken), or that it asked something else "
+                                       "of (missed)", labels=["role", "outcome"])
+            for outcome in ("launched", "taken", "missed"):
+                rows.add_metric([t.role, outcome], getattr(t.decode_ahead, outcome))
+            yield rows
         cache = manager.prefix_cache if manager is not None else None
         if cache is not None:
             for name, help_text, value in (

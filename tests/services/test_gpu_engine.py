@@ -95,6 +95,21 @@ def test_bf16_greedy_match_rate_is_reported(tiny_pair, cpu_reference, record_pro
         assert speculative == target_only
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_decode_ahead_gives_the_same_tokens_on_gpu(tiny_pair, dtype):
+    """Target-only, greedy and seeded sampling: the steps run ahead (on by default on a GPU) give exactly the tokens
+    of the steps run when asked, in bf16 too (the same graph on the same rows)."""
+    runs = {}
+    for mode in ("off", "auto"):
+        engine = LocalEngine(tiny_pair["target"], None, num_speculative_tokens=0, dtype=dtype, device="cuda",
+                             decode_ahead=mode)
+        runs[mode] = (generate(engine, 0), generate(engine, 0, temperature=1.0), engine.verifier.decode_ahead)
+    assert runs["auto"][:2] == runs["off"][:2]
+    ahead = runs["auto"][2]
+    assert ahead.enabled and ahead.taken >= 2 * len(PROMPTS) * (MAX_TOKENS - 2) and ahead.missed == 0
+    assert runs["off"][2].launched == 0
+
+
 def graph_keys(runner, name: str) -> list:
     return [key for key in runner.graphs.steps if key[0] == name]
 
