@@ -8,17 +8,20 @@ A prefill is the same operation with the prompt as delta and no proposals: it sa
 
 `verify` reads top to bottom: check and rewind each sequence, reserve KV for its delta and proposals, gather the
 batch's fields, run the step program (verify_steps.py: forward, decision and logprobs, one graph replay on a GPU),
-then per sequence drop the KV of rejected proposals and build its verdict from the one packed result. Prefills are
-ragged (whole prompts): an eager forward, then the same decision.
+then per sequence drop the KV of rejected proposals and build its verdict from the one packed result. A prefill of
+short prompts runs as the same step program without proposals (prompts padded to a common length); longer ones are
+ragged: an eager forward, then the same decision. After a call of plain decodes the verifier may launch the next
+step ahead (decode_ahead.py).
 """
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from specsplit.services.errors import InvalidArgument, KVCacheFull
-from specsplit.services.runtime.cuda_graphs import BATCH_BUCKETS
+from specsplit.services.runtime.cuda_graphs import BATCH_BUCKETS, bucket_for
 from specsplit.services.runtime.model_runner import ForwardItem, ModelRunner
 from specsplit.services.runtime.worker_sequences import WorkerSampling, WorkerSequence, WorkerSequences
 from specsplit.services.sampling.batch_sampling import sampling_fields, sampling_flags
@@ -70,6 +73,8 @@ class TargetVerifier:
         `decode_ahead`: auto, on or off (decode_ahead.py; auto = on a GPU)."""
         self.runner = runner
         self.decode_ahead = DecodeAhead(decode_ahead_enabled(decode_ahead, runner.device))
+        # Short prefills as step programs where those replay graphs (on the CPU the eager forward is as fast).
+        self.prefill_steps = runner.graphs is not None
         self.sequences = WorkerSequences(runner)
         self.max_speculative_tokens = max_speculative_tokens
         self.acceptance = acceptance or AcceptancePolicy()
@@ -80,7 +85,8 @@ class TargetVerifier:
             warn_enabled(self.synthetic_acceptance, "the target verifier")
 
     def prefill(self, items: list[TargetPrefill]) -> list[Verdict | Exception]:
-        """Create sequences, run their prompts (an eager forward: prompts are ragged), sample each first token."""
+        """Create sequences, run their prompts, sample each first token: short prompts as one step program (a graph
+        replay on a GPU, padded to a common length), others in an eager forward (prompts are ragged)."""
         results: list = [None] * len(items)
         started: list[tuple[int, WorkerSequence, ForwardItem]] = []
         for i, item in enumerate(items):
@@ -99,6 +105,31 @@ class TargetVerifier:
                 self.sequences.release(item.handle)
         if not started:
             return results
+        if self._prefill_takes_step(started):
+            self.decode_ahead.settle()  # a step of the same shape must not overwrite its inputs
+            packed = self._plain_step([(s, s.table.num_tokens - len(f.token_ids), f.token_ids, items[i].logprobs)
+                                       for i, s, f in started], PREFILL_STEP_SIZES)
+        else:
+            packed = self._prefill_eager(started, items)
+        for b, (i, sequence, _) in enumerate(started):
+            results[i] = self._verdict(packed[b], sequence, sequence.table.num_tokens, 0, items[i].logprobs)
+            results[i].acceptance_method = sequence.sampling.acceptance_method
+            self.sequences.prompt_written(sequence, items[i].token_ids)
+        return results
+
+    def _prefill_takes_step(self, started) -> bool:
+        """Whether a prefill runs as a step program (a graph replay on a GPU) instead of an eager forward: short
+        uncached prompts in a batch whose padded tokens stay few (a 7B's eager prefill of 32 tokens spends 13-21 ms
+        launching ~400 kernels for ~4 ms of GPU work). SPECSPLIT_PREFILL_STEPS=off keeps every prefill eager."""
+        if not self.prefill_steps or os.environ.get(PREFILL_STEPS_ENV, "on") == "off":
+            return False
+        longest = max(len(forward.token_ids) for _, _, forward in started)
+        if longest > PREFILL_STEP_SIZES[-1]:
+            return False
+        rows = bucket_for(len(started)) if self.runner.graphs is not None else len(started)
+        return rows is not None and rows * self.runner.shape_size(longest, PREFILL_STEP_SIZES) <= PREFILL_STEP_TOKENS
+
+    def _prefill_eager(self, started, items) -> np.ndarray:
         logits = self.runner.forward_flat([forward for _, _, forward in started])[:, None]  # [n, 1, vocab]
         sequences = [sequence for _, sequence, _ in started]
         shape = self._shape(sequences, [items[i].logprobs for i, _, _ in started], width=1, steps=0, support=1)
@@ -110,12 +141,7 @@ class TargetVerifier:
         none_drafted = torch.zeros(len(started), dtype=torch.int64, device=logits.device)
         with torch.inference_mode():
             decision = decide(logits, no_proposals, none_drafted, None, None, fields, positions, shape)
-            packed = pack_decision(decision, logits if shape.logprobs else None).cpu().numpy()
-        for b, (i, sequence, _) in enumerate(started):
-            results[i] = self._verdict(packed[b], sequence, sequence.table.num_tokens, 0, items[i].logprobs)
-            results[i].acceptance_method = sequence.sampling.acceptance_method
-            self.sequences.prompt_written(sequence, items[i].token_ids)
-        return results
+            return pack_decision(decision, logits if shape.logprobs else None).cpu().numpy()
 
     def verify(self, items: list[VerifyItem]) -> list[Verdict | Exception]:
         # A step launched ahead (decode_ahead.py) answers the calls that ask exactly what it ran; the rest run now.
@@ -207,18 +233,31 @@ class TargetVerifier:
             rows.append((sequence, verdict.num_cached, verdict.token_ids[0], logprobs))
         if not rows:
             return
+        step = self._plain_step([(sequence, cached, [token], logprobs) for sequence, cached, token, logprobs in rows],
+                                (1,), launch=True)
+        self.decode_ahead.add(rows, step)
+
+    def _plain_step(self, rows: list[tuple[WorkerSequence, int, list[int], int | None]], sizes: tuple[int, ...],
+                    launch: bool = False):
+        """A verification step without proposals over rows (sequence, tokens in KV before, tokens to run, logprobs)
+        whose slots are reserved: each row runs its tokens and the last one's distribution decides its next token (a
+        prefill of short prompts, a decode ahead). The packed result, or with `launch` the PendingStep."""
         sequences = [sequence for sequence, _, _, _ in rows]
-        starts = np.array([cached for _, cached, _, _ in rows], dtype=np.int64)
-        shape = self._shape(sequences, [logprobs for _, _, _, logprobs in rows], width=1, steps=0, support=1,
-                            longest=int(starts.max()) + 1)
-        fields = {"start": starts, "n_delta": [1] * len(rows), "tokens": np.array([[t] for _, _, t, _ in rows]),
+        width = self.runner.shape_size(max(len(tokens) for _, _, tokens, _ in rows), sizes)
+        starts = np.array([start for _, start, _, _ in rows], dtype=np.int64)
+        shape = self._shape(sequences, [logprobs for _, _, _, logprobs in rows], width=width, steps=0, support=1,
+                            longest=int(starts.max()) + width)
+        tokens = np.zeros((len(rows), width), dtype=np.int64)
+        for b, (_, _, row, _) in enumerate(rows):
+            tokens[b, : len(row)] = row
+        fields = {"start": starts, "n_delta": [len(row) for _, _, row, _ in rows], "tokens": tokens,
                   "k": [0] * len(rows), **sampling_fields([s.sampling for s in sequences])}
         if shape.synthetic is not None:
             fields["guess"] = [-1] * len(rows)
         if shape.typical != "none":
             fields.update(_typical_fields(sequences))
-        step = self.runner.launch_step(VerifySteps, shape, fields, [s.table for s in sequences])
-        self.decode_ahead.add(rows, step)
+        run = self.runner.launch_step if launch else self.runner.run_step
+        return run(VerifySteps, shape, fields, [s.table for s in sequences])
 
     def warm_up(self, max_batch: int = 64, max_k: int = 4, sampled: bool = True) -> int:
         """Capture the verifications a round is likely to run (every batch bucket up to `max_batch`, plain decodes
@@ -296,6 +335,12 @@ class TargetVerifier:
 # Proposal counts (and delta widths) and q supports a verification graph is captured for: a batch pads to the next.
 STEP_SIZES = (1, 2, 4, 8, 16)
 SUPPORT_SIZES = (32, 64, 128, 256)
+# Uncached prompt lengths a prefill runs as a step program for (padded to the next), and the most tokens such a step
+# runs in all (padding included: past a few hundred tokens a forward is no longer bound by its weights' reads, and
+# an eager forward's launches no longer dominate).
+PREFILL_STEP_SIZES = (1, 2, 4, 8, 16, 32, 64)
+PREFILL_STEP_TOKENS = 512
+PREFILL_STEPS_ENV = "SPECSPLIT_PREFILL_STEPS"  # "off": every prefill eager (A/B runs)
 
 
 def _typical_fields(sequences: list[WorkerSequence]) -> dict:
