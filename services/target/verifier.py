@@ -73,8 +73,10 @@ class TargetVerifier:
         `decode_ahead`: auto, on or off (decode_ahead.py; auto = on a GPU)."""
         self.runner = runner
         self.decode_ahead = DecodeAhead(decode_ahead_enabled(decode_ahead, runner.device))
-        # Short prefills as step programs where those replay graphs (on the CPU the eager forward is as fast).
-        self.prefill_steps = runner.graphs is not None
+        # Short prefills as step programs, where those replay graphs (on the CPU the eager forward is as fast): opt-in
+        # (SPECSPLIT_PREFILL_STEPS=on) until its time to first token is measured; each new prompt width and batch
+        # bucket captures a graph on first use.
+        self.prefill_steps = runner.graphs is not None and os.environ.get(PREFILL_STEPS_ENV, "off") == "on"
         self.sequences = WorkerSequences(runner)
         self.max_speculative_tokens = max_speculative_tokens
         self.acceptance = acceptance or AcceptancePolicy()
@@ -120,8 +122,8 @@ class TargetVerifier:
     def _prefill_takes_step(self, started) -> bool:
         """Whether a prefill runs as a step program (a graph replay on a GPU) instead of an eager forward: short
         uncached prompts in a batch whose padded tokens stay few (a 7B's eager prefill of 32 tokens spends 13-21 ms
-        launching ~400 kernels for ~4 ms of GPU work). SPECSPLIT_PREFILL_STEPS=off keeps every prefill eager."""
-        if not self.prefill_steps or os.environ.get(PREFILL_STEPS_ENV, "on") == "off":
+        launching ~400 kernels for ~4 ms of GPU work)."""
+        if not self.prefill_steps:
             return False
         longest = max(len(forward.token_ids) for _, _, forward in started)
         if longest > PREFILL_STEP_SIZES[-1]:
@@ -340,7 +342,7 @@ SUPPORT_SIZES = (32, 64, 128, 256)
 # an eager forward's launches no longer dominate).
 PREFILL_STEP_SIZES = (1, 2, 4, 8, 16, 32, 64)
 PREFILL_STEP_TOKENS = 512
-PREFILL_STEPS_ENV = "SPECSPLIT_PREFILL_STEPS"  # "off": every prefill eager (A/B runs)
+PREFILL_STEPS_ENV = "SPECSPLIT_PREFILL_STEPS"  # "on": short prefills as step programs on a GPU (opt-in, not yet timed)
 
 
 def _typical_fields(sequences: list[WorkerSequence]) -> dict:

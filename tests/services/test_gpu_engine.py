@@ -112,9 +112,8 @@ def test_decode_ahead_gives_the_same_tokens_on_gpu(tiny_pair, dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_short_prefills_replay_a_graph_and_give_the_eager_tokens(tiny_pair, monkeypatch, dtype):
-    """Short prompts prefill as a graph replay of the verification program (the default on a GPU): greedy and seeded
-    sampled tokens equal those of the eager prefill (SPECSPLIT_PREFILL_STEPS=off), bit for bit in float32; a prompt
-    of over 64 new tokens still prefills eagerly."""
+    """Short prompts prefill as a graph replay of the verification program (SPECSPLIT_PREFILL_STEPS=on, opt-in):
+    greedy and seeded sampled tokens equal those of the eager prefill (off, the default), bit for bit in float32."""
     outputs = {}
     for mode in ("on", "off"):
         monkeypatch.setenv("SPECSPLIT_PREFILL_STEPS", mode)

@@ -1,7 +1,7 @@
 """Short prefills as step programs (services/target/verifier.py): on a GPU they replay a graph instead of launching
 an eager forward's kernels one by one. The first token, its logprobs and the KV must be the eager prefill's. On the
-CPU the path is forced on (it is on by default where graphs replay; tests/services/test_gpu_engine.py runs it
-there)."""
+CPU the path is forced on (on a GPU it is opt-in, SPECSPLIT_PREFILL_STEPS=on; tests/services/test_gpu_engine.py
+runs it there)."""
 
 import asyncio
 

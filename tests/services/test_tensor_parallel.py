@@ -77,6 +77,19 @@ def test_target_degree_two_greedy_and_sampled_identical(sharded_target, referenc
     assert generate(sharded_target, 4, 0.8) == reference["spec_sampled"]
 
 
+def test_decode_ahead_on_a_sharded_target(sharded_target, reference):
+    """The steps run ahead (forced on: its auto is on only on a GPU) go to every rank like any step and give the
+    same tokens."""
+    ahead = sharded_target.verifier.decode_ahead
+    ahead.enabled = True
+    try:
+        assert generate(sharded_target, 0) == reference["greedy"]
+        assert generate(sharded_target, 0, 0.8) == reference["sampled"]
+    finally:
+        ahead.enabled = False
+    assert ahead.taken >= 2 * len(PROMPTS) * (MAX_TOKENS - 2) and ahead.missed == 0
+
+
 def test_eager_decode_keeps_no_step_definitions(sharded_target):
     """On the CPU (no graphs) every decode step has a new exact-context shape: rank 0 keeps none of them."""
     generate_tokens(sharded_target, PROMPTS[:2], 0, 12, 0.0, None)
