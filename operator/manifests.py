@@ -171,11 +171,12 @@ def _requested_cores(resources: Resources) -> float:
 
 def worker_command(role: str, model: str, tensor_parallel_size: int, tls: InternalTLS | None = None,
                    worker_auth: str | None = None, batch_invariant: bool = False,
-                   max_k: int = WORKERS_WARM_UP_K) -> list[str]:
+                   max_k: int = WORKERS_WARM_UP_K, decode_ahead: str = "auto") -> list[str]:
     """`model`: for a draft, what its pool runs (draft_source.py): a model, or the n-gram proposer's flags;
-    `max_k`: the deployment's bound on proposals per round."""
+    `max_k`: the deployment's bound on proposals per round; `decode_ahead`: a target's --decode-ahead."""
     security = grpc_security.worker_args(tls, worker_auth)
-    return _worker_flags(role, model, tensor_parallel_size, batch_invariant, max_k=max_k) + security
+    return _worker_flags(role, model, tensor_parallel_size, batch_invariant, max_k=max_k,
+                         decode_ahead=decode_ahead) + security
 
 
 def colocated_target_command(spec: DeploymentSpec, model: str, tensor_parallel_size: int) -> list[str]:
@@ -188,7 +189,7 @@ def colocated_target_command(spec: DeploymentSpec, model: str, tensor_parallel_s
     --allow-unauthenticated)."""
     return [
         *_worker_flags(naming.TARGET, model, tensor_parallel_size, spec.batch_invariant, round_port=-1,
-                       max_k=spec.num_speculative_tokens),
+                       max_k=spec.num_speculative_tokens, decode_ahead=spec.target.decode_ahead),
         "--coordinate",
         "--coordinator-port", str(naming.COLOCATED_GRPC_PORT),
         "--coordinator-metrics-port", str(naming.COLOCATED_METRICS_PORT),
@@ -199,8 +200,9 @@ def colocated_target_command(spec: DeploymentSpec, model: str, tensor_parallel_s
 
 
 def _worker_flags(role: str, model: str, tensor_parallel_size: int, batch_invariant: bool,
-                  round_port: int = naming.ROUND_PORT, max_k: int = WORKERS_WARM_UP_K) -> list[str]:
-    """`round_port` -1: none (the CLI's "rounds over gRPC")."""
+                  round_port: int = naming.ROUND_PORT, max_k: int = WORKERS_WARM_UP_K,
+                  decode_ahead: str = "auto") -> list[str]:
+    """`round_port` -1: none (the CLI's "rounds over gRPC"). `decode_ahead`: a target's, passed where not auto."""
     source = draft_flags(model) if role == naming.DRAFT else ["--model", model]
     command = ["specsplit", role, *source, "--port", str(naming.GRPC_PORT), "--round-port", str(round_port),
                "--metrics-port", str(naming.METRICS_PORT), "--metrics-host", "0.0.0.0"]
@@ -208,6 +210,8 @@ def _worker_flags(role: str, model: str, tensor_parallel_size: int, batch_invari
         command += ["--tensor-parallel-size", str(tensor_parallel_size)]
     if batch_invariant and not is_ngram(model):  # the n-gram proposer runs no kernels
         command.append("--batch-invariant")
+    if role == naming.TARGET and decode_ahead != "auto":
+        command += ["--decode-ahead", decode_ahead]
     if max_k > WORKERS_WARM_UP_K and not is_ngram(model):
         # On a GPU a worker captures the rounds' graphs up to this k before serving: a policy climbing past the
         # workers' default would otherwise make a round wait for a capture.
@@ -262,7 +266,8 @@ def worker_deployment(instance: str, spec: DeploymentSpec, component: str, role:
         startup_failures = COLOCATED_STARTUP_FAILURES
     else:
         command = worker_command(command_role, model, role.tensor_parallel_size, spec.tls,
-                                 spec.worker_auth_secret_name, spec.batch_invariant, spec.num_speculative_tokens)
+                                 spec.worker_auth_secret_name, spec.batch_invariant, spec.num_speculative_tokens,
+                                 decode_ahead=role.decode_ahead)
         ports = [{"name": "round", "containerPort": naming.ROUND_PORT, "protocol": "TCP"}]
         secret_volumes, secret_mounts = grpc_security.worker_volumes(spec.tls, spec.worker_auth_secret_name)
         probe = grpc_security.health_check(tls_served=spec.tls is not None)

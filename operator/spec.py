@@ -22,6 +22,7 @@ TARGET_METRICS = ("kvUtilization", "verifyQueueDepth")
 DRAFT_METRICS = ("proposeQueueDepth", "proposeLatencySeconds")
 PROMOTION_METRICS = ("tokensPerSecond", "acceptanceRate")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+DECODE_AHEAD_MODES = ("auto", "on", "off")  # the target's --decode-ahead (services/target/decode_ahead.py; no torch here)
 
 # Every owned Service is named NAME-component; a Service name is a DNS-1035 label of at most 63 characters,
 # and the longest suffix is "-draft-canary".
@@ -88,6 +89,7 @@ class RoleSpec:
     affinity: Mapping[str, Any]  # a core/v1 Affinity, as given
     env: tuple[Mapping[str, Any], ...]  # core/v1 EnvVars added to (or replacing) the operator's own
     metric_targets: Mapping[str, float]  # autoscaling targets, keyed by the CRD's metric names
+    decode_ahead: str = "auto"  # target only: --decode-ahead (auto = on where the target is on a GPU)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -360,7 +362,7 @@ def _draft_source(fields: _Fields) -> str:
 
 def _role(fields: _Fields, role: str, metrics: tuple[str, ...], default_targets: Mapping[str, float]) -> RoleSpec:
     fields.only("model", "replicas", "resources", "tensorParallelSize", "nodeSelector", "tolerations", "affinity",
-                "env", "autoscaling", *(("proposer", "ngram") if role == "draft" else ()))
+                "env", "autoscaling", *(("proposer", "ngram") if role == "draft" else ("decodeAhead",)))
     model = _draft_source(fields) if role == "draft" else fields.string("model")
     replicas_fields = fields.child("replicas")
     replicas_fields.only("min", "max")
@@ -396,6 +398,7 @@ def _role(fields: _Fields, role: str, metrics: tuple[str, ...], default_targets:
         affinity=_affinity(fields.child("affinity")),
         env=_env(fields, "env"),
         metric_targets=targets,
+        decode_ahead=fields.string("decodeAhead", "auto", choices=DECODE_AHEAD_MODES) if role == "target" else "auto",
     )
 
 

@@ -287,6 +287,17 @@ def test_each_pool_gets_its_affinity_and_env_and_the_canary_the_drafts():
 
 
 
+def test_decode_ahead_reaches_the_target_pool_where_set():
+    pods = _by_component_of({"target": {"decodeAhead": "off"}})
+    command = pods["target"]["containers"][0]["command"]
+    assert command[command.index("--decode-ahead") + 1] == "off"
+    assert "--decode-ahead" not in pods["draft"]["containers"][0]["command"]
+    assert speculative_deployment(render({"target": {"decodeAhead": "on"}}))["spec"]["target"]["decodeAhead"] == "on"
+    assert "decodeAhead" not in speculative_deployment(render({}))["spec"]["target"]  # auto: the CLI's default
+    assert all("--decode-ahead" not in p["containers"][0].get("command", [])
+               for p in _by_component("defaults").values())
+
+
 def test_batch_invariance_reaches_every_model_pool_and_only_them():
     values = {"speculativeDeployment": {"batchInvariant": True}, "canary": {"enabled": True, "model": "draft-v2"}}
     assert speculative_deployment(render(values))["spec"]["batchInvariant"] is True

@@ -10,7 +10,7 @@ import pytest
 
 from specsplit.operator import naming
 from specsplit.operator.manifests import RolloutPlan, build_objects
-from specsplit.operator.spec import parse_spec
+from specsplit.operator.spec import InvalidSpecError, parse_spec
 
 OWNER = {"apiVersion": naming.API_VERSION, "kind": naming.KIND,
          "metadata": {"name": "coder", "namespace": "ml", "uid": "0b1c-uid", "labels": {"team": "ml-serving"}}}
@@ -309,6 +309,36 @@ def test_batch_invariance_reaches_every_model_worker() -> None:
                        canary_weight=0)
     ngram_built = {(obj["kind"], obj["metadata"]["name"]): obj for obj in build_objects(OWNER, ngram, plan)}
     assert "--batch-invariant" not in container(ngram_built[("Deployment", "coder-draft")])["command"]
+
+
+def test_decode_ahead_reaches_the_target_only_where_set() -> None:
+    """spec.target.decodeAhead: the target's --decode-ahead where it is not auto (the CLI's default), in a separate
+    target pool and a co-located one; never the draft's (it has no such flag). A bad value and a draft's field are
+    refused."""
+    def commands(decode_ahead: str | None, colocated: bool = False) -> dict[str, list[str]]:
+        target = {"model": "big", **({"decodeAhead": decode_ahead} if decode_ahead else {})}
+        spec = parse_spec({"image": "registry.example/specsplit:0.1.0", "target": target, "draft": {"model": "small"},
+                           **({"coordinator": {"colocated": True}} if colocated else {})})
+        built = {(obj["kind"], obj["metadata"]["name"]): obj for obj in build_objects(OWNER, spec, PLAN)}
+        return {name: container(built[("Deployment", name)])["command"] for name in ("coder-target", "coder-draft")}
+
+    for colocated in (False, True):
+        target = commands("off", colocated)["coder-target"]
+        assert target[target.index("--decode-ahead") + 1] == "off"
+        assert "--decode-ahead" not in commands("off", colocated)["coder-draft"]
+        assert all("--decode-ahead" not in c for c in commands(None, colocated).values())
+        assert all("--decode-ahead" not in c for c in commands("auto", colocated).values())
+    with pytest.raises(InvalidSpecError, match=r"spec.target.decodeAhead: 'sometimes' is not one of auto, on, off"):
+        parse_spec({"image": "i", "target": {"model": "big", "decodeAhead": "sometimes"}, "draft": {"model": "s"}})
+    with pytest.raises(InvalidSpecError, match=r"spec.draft.decodeAhead"):
+        parse_spec({"image": "i", "target": {"model": "big"}, "draft": {"model": "s", "decodeAhead": "on"}})
+
+
+def test_the_operator_knows_the_clis_decode_ahead_modes() -> None:
+    from specsplit.operator.spec import DECODE_AHEAD_MODES
+    from specsplit.services.target.decode_ahead import DECODE_AHEAD_MODES as CLI_MODES
+
+    assert DECODE_AHEAD_MODES == CLI_MODES
 
 
 def test_model_workers_warm_up_to_the_deployments_k() -> None:

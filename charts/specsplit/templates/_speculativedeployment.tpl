@@ -74,6 +74,9 @@ replicas:
   min: {{ int $values.replicas.min }}
   max: {{ int $values.replicas.max }}
 tensorParallelSize: {{ $tp }}
+{{- if and (eq .role "target") $values.decodeAhead (ne $values.decodeAhead "auto") }}
+decodeAhead: {{ $values.decodeAhead | quote }}
+{{- end }}
 resources:
   {{- include "specsplit.cr.resources" (dict "resources" $values.resources "path" $path "gpus" (ne ($values.proposer | default "model") "ngram")) | trim | nindent 2 }}
 {{- with $values.nodeSelector }}
