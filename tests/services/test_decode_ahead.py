@@ -117,6 +117,35 @@ def test_a_sequence_joining_runs_beside_the_rows_answered_ahead(verifiers):
     assert ahead.decode_ahead.taken == 2 and ahead.decode_ahead.launched == 2 + 3
 
 
+def test_a_call_that_asks_for_logprobs_the_step_ahead_did_not_compute_runs_its_own(verifiers):
+    ahead, plain = verifiers
+    prompt = byte_tokenizer().encode("1, 2, 3, 5, 8,")
+    for verifier in verifiers:
+        first = _prefill(verifier, ["a"], prompt)
+        verdict = verifier.verify([VerifyItem("a", len(prompt), first, decode_ahead=True)])[0]
+        got = verifier.verify([VerifyItem("a", verdict.num_cached, verdict.token_ids, logprobs=2)])[0]
+        assert got.logprobs is not None and len(got.logprobs[0].top) == 2
+        if verifier is ahead:
+            with_ahead = got
+    assert ahead.decode_ahead.missed == 1
+    assert with_ahead.token_ids == got.token_ids
+    assert with_ahead.logprobs[0].logprob == pytest.approx(got.logprobs[0].logprob, abs=1e-9)
+
+
+def test_typical_acceptance_requests_decode_ahead_alike(tiny_pair):
+    """Typical acceptance (NOT lossless, opted in) adds its fields to a step: a step ahead carries them too."""
+    from specsplit.services.target.acceptance_method import AcceptancePolicy
+
+    params = [SamplingParams(max_tokens=10, temperature=0.8, seed=i, ignore_eos=True) for i in range(len(PROMPTS))]
+    outputs = []
+    for mode in ("off", "on"):
+        engine = LocalEngine(tiny_pair["target"], None, num_speculative_tokens=0, dtype="float64", decode_ahead=mode,
+                             acceptance=AcceptancePolicy(method="typical"))
+        outputs.append([r.token_ids for r in _generate(engine, params)])
+        assert mode == "off" or engine.verifier.decode_ahead.taken > 0
+    assert outputs[0] == outputs[1]
+
+
 def test_release_drops_the_step_ahead_and_its_kv(verifiers):
     ahead, _ = verifiers
     free = ahead.runner.block_manager.num_free_blocks
