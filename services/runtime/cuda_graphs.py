@@ -34,6 +34,7 @@ class CapturedStep:
     output: torch.Tensor         # the device tensor the program writes; copied to `result`
     result: torch.Tensor         # page-locked host buffer
     copies_inside: bool          # the two copies are part of the graph (else launched around each replay)
+    pending: PendingStep | None = None  # a launch whose result no one has read yet: read before the next replay
 
 
 def page_locked(shape, dtype: torch.dtype) -> torch.Tensor:
@@ -71,33 +72,34 @@ class GraphCache:
         to one device tensor. `wait` False: return None at once, without the result (a tensor-parallel rank that
         does not decide: its next call cannot come before rank 0 has this one's result, which needs this rank's
         replay to have reached its last collective, long after it read its inputs)."""
-        step = self._replay(key, program, host_inputs)
+        step = self._replay(key, program, host_inputs, copy_back=wait)
         if not wait:
             return None
-        with torch.cuda.device(self.device):
-            if not step.copies_inside:
-                step.result.copy_(step.output, non_blocking=True)
-            torch.cuda.current_stream(self.device).synchronize()
+        torch.cuda.current_stream(self.device).synchronize()
         return step.result.numpy()
 
     def launch(self, key: tuple, program, host_inputs: np.ndarray) -> PendingStep:
-        """Like `run`, without waiting: the result is read from the returned PendingStep, which must happen before
-        this key's graph replays again (the replay overwrites its host buffers)."""
-        step = self._replay(key, program, host_inputs)
-        with torch.cuda.device(self.device):
-            if not step.copies_inside:
-                step.result.copy_(step.output, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(torch.cuda.current_stream(self.device))
-        return PendingStep(step.result, event)
+        """Like `run`, without waiting: the result is read from the returned PendingStep (a later replay of this key
+        first waits for it and keeps its result, since a replay overwrites the graph's host buffers)."""
+        step = self._replay(key, program, host_inputs, copy_back=True)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self.device))
+        step.pending = PendingStep(step.result, event)
+        return step.pending
 
-    def _replay(self, key: tuple, program, host_inputs: np.ndarray) -> CapturedStep:
+    def _replay(self, key: tuple, program, host_inputs: np.ndarray, copy_back: bool) -> CapturedStep:
+        """Queue the graph's replay on `host_inputs` and, with `copy_back`, its result's copy to the host."""
         step = self.steps.get(key) or self._capture(key, program, host_inputs)
+        if step.pending is not None:  # a launch still owns the buffers: it ends, and its result is kept, first
+            step.pending.result()
+            step.pending = None
         step.staging.numpy()[:] = host_inputs
         with torch.cuda.device(self.device):  # a graph replays on its own device's current stream
             if not step.copies_inside:
                 step.inputs.copy_(step.staging, non_blocking=True)
             step.graph.replay()
+            if copy_back and not step.copies_inside:
+                step.result.copy_(step.output, non_blocking=True)
         return step
 
     def _capture(self, key: tuple, program, host_inputs: np.ndarray) -> CapturedStep:

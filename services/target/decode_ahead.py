@@ -52,12 +52,6 @@ class DecodeAhead:
         self.taken = 0      # rows a call took
         self.missed = 0     # rows a call asked something else of
 
-    def settle(self) -> None:
-        """Wait for the steps ahead to end and keep their results: a step program's host buffers are reused by its
-        shape's next replay, which must not come first."""
-        for row in self.rows.values():
-            row.step.result()
-
     def claim(self, handles: list[str]) -> dict[str, AheadRow]:
         """The rows of a call's sequences, each taken out: a row answers one call or none."""
         return {handle: row for handle in handles if (row := self.rows.pop(handle, None)) is not None}

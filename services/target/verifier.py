@@ -14,6 +14,7 @@ ragged: an eager forward, then the same decision. After a call of plain decodes 
 step ahead (decode_ahead.py).
 """
 
+import logging
 import os
 from dataclasses import dataclass, field
 
@@ -31,6 +32,8 @@ from specsplit.services.target.acceptance_method import TYPICAL, AcceptancePolic
 from specsplit.services.target.decode_ahead import DecodeAhead, decode_ahead_enabled
 from specsplit.services.target.synthetic_acceptance import check_alpha, warn_enabled
 from specsplit.services.target.verify_steps import VerifyShape, VerifySteps, decide, pack_decision
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -108,7 +111,6 @@ class TargetVerifier:
         if not started:
             return results
         if self._prefill_takes_step(started):
-            self.decode_ahead.settle()  # a step of the same shape must not overwrite its inputs
             packed = self._plain_step([(s, s.table.num_tokens - len(f.token_ids), f.token_ids, items[i].logprobs)
                                        for i, s, f in started], PREFILL_STEP_SIZES)
         else:
@@ -147,12 +149,14 @@ class TargetVerifier:
 
     def verify(self, items: list[VerifyItem]) -> list[Verdict | Exception]:
         # A step launched ahead (decode_ahead.py) answers the calls that ask exactly what it ran; the rest run now.
-        self.decode_ahead.settle()
         ahead = self.decode_ahead.claim([item.handle for item in items])
         results = self._verify(items, ahead)
         if self.decode_ahead.enabled and not any(item.draft_token_ids for item in items):
-            self._launch_ahead([(self.sequences.get(item.handle), item.logprobs, result)
-                                for item, result in zip(items, results) if item.decode_ahead and isinstance(result, Verdict)])
+            try:
+                self._launch_ahead([(self.sequences.get(item.handle), item.logprobs, result) for item, result
+                                    in zip(items, results) if item.decode_ahead and isinstance(result, Verdict)])
+            except Exception:  # this call's verdicts stand; the next call runs its own step (its rewind frees the slots)
+                log.exception("decode ahead failed to launch")
         return results
 
     def _verify(self, items: list[VerifyItem], ahead: dict) -> list[Verdict | Exception]:
@@ -198,17 +202,11 @@ class TargetVerifier:
         starts = np.array([start for _, _, start in batch], dtype=np.int64)
         shape = self._shape(sequences, [item.logprobs for item in batch_items], width, steps, support,
                             int(starts.max()) + width)
-        tokens = np.zeros((len(batch), width), dtype=np.int64)
-        for b, item in enumerate(batch_items):
-            row = list(item.delta) + list(item.draft_token_ids)
-            tokens[b, : len(row)] = row
-        fields = {"start": starts, "n_delta": [len(item.delta) for item in batch_items], "tokens": tokens,
-                  "k": [len(item.draft_token_ids) for item in batch_items],
-                  **sampling_fields([s.sampling for s in sequences])}
-        if shape.synthetic is not None:  # benchmark only: the synthetic coin may confirm a bonus guess
-            fields["guess"] = [-1 if item.bonus_guess is None else item.bonus_guess for item in batch_items]
-        if shape.typical != "none":  # NOT lossless, opted in: each sequence's choice and parameters
-            fields.update(_typical_fields(sequences))
+        fields = self._step_fields(
+            shape, sequences, starts, [list(item.delta) + list(item.draft_token_ids) for item in batch_items],
+            [len(item.delta) for item in batch_items], [len(item.draft_token_ids) for item in batch_items],
+            [-1 if item.bonus_guess is None else item.bonus_guess for item in batch_items]
+            if shape.synthetic is not None else None)
         if not shape.greedy and steps:
             rows = [b for b, (i, _) in enumerate(checked) if results[i] is None]
             fields["q_ids"] = _widen(q.ids[rows], steps, support).reshape(len(rows), -1)
@@ -249,17 +247,29 @@ class TargetVerifier:
         starts = np.array([start for _, start, _, _ in rows], dtype=np.int64)
         shape = self._shape(sequences, [logprobs for _, _, _, logprobs in rows], width=width, steps=0, support=1,
                             longest=int(starts.max()) + width)
-        tokens = np.zeros((len(rows), width), dtype=np.int64)
-        for b, (_, _, row, _) in enumerate(rows):
-            tokens[b, : len(row)] = row
-        fields = {"start": starts, "n_delta": [len(row) for _, _, row, _ in rows], "tokens": tokens,
-                  "k": [0] * len(rows), **sampling_fields([s.sampling for s in sequences])}
-        if shape.synthetic is not None:
-            fields["guess"] = [-1] * len(rows)
-        if shape.typical != "none":
-            fields.update(_typical_fields(sequences))
+        fields = self._step_fields(shape, sequences, starts, [tokens for _, _, tokens, _ in rows],
+                                   [len(tokens) for _, _, tokens, _ in rows], [0] * len(rows), [-1] * len(rows))
         run = self.runner.launch_step if launch else self.runner.run_step
         return run(VerifySteps, shape, fields, [s.table for s in sequences])
+
+    def _step_fields(self, shape: VerifyShape, sequences: list[WorkerSequence], starts: np.ndarray,
+                     rows: list[list[int]], n_delta: list[int], num_draft: list[int], guesses: list[int] | None) -> dict:
+        """A verification step's per-sequence fields (verify_steps.py) but q: each row's tokens (its delta, then its
+        proposals) padded to the shape's width, where they start, how many of them are delta and proposals, the
+        sampling settings, and the fields only some shapes read."""
+        tokens = np.zeros((len(rows), shape.width), dtype=np.int64)
+        for b, row in enumerate(rows):
+            tokens[b, : len(row)] = row
+        fields = {"start": starts, "n_delta": n_delta, "tokens": tokens, "k": num_draft,
+                  **sampling_fields([s.sampling for s in sequences])}
+        if shape.synthetic is not None:  # benchmark only: the synthetic coin may confirm a bonus guess
+            fields["guess"] = guesses
+        if shape.typical != "none":  # NOT lossless, opted in: each sequence's choice and parameters
+            samplings = [s.sampling for s in sequences]
+            fields["typical"] = [s.acceptance_method == TYPICAL for s in samplings]
+            fields["posterior_threshold"] = [s.posterior_threshold or 0.0 for s in samplings]
+            fields["posterior_alpha"] = [s.posterior_alpha or 0.0 for s in samplings]
+        return fields
 
     def warm_up(self, max_batch: int = 64, max_k: int = 4, sampled: bool = True) -> int:
         """Capture the verifications a round is likely to run (every batch bucket up to `max_batch`, plain decodes
@@ -343,14 +353,6 @@ SUPPORT_SIZES = (32, 64, 128, 256)
 PREFILL_STEP_SIZES = (1, 2, 4, 8, 16, 32, 64)
 PREFILL_STEP_TOKENS = 512
 PREFILL_STEPS_ENV = "SPECSPLIT_PREFILL_STEPS"  # "on": short prefills as step programs on a GPU (opt-in, not yet timed)
-
-
-def _typical_fields(sequences: list[WorkerSequence]) -> dict:
-    """Typical acceptance's per-sequence inputs (NOT lossless, opted in): whether it applies, and its parameters."""
-    samplings = [s.sampling for s in sequences]
-    return {"typical": [s.acceptance_method == TYPICAL for s in samplings],
-            "posterior_threshold": [s.posterior_threshold or 0.0 for s in samplings],
-            "posterior_alpha": [s.posterior_alpha or 0.0 for s in samplings]}
 
 
 def _widen(array: np.ndarray, steps: int, support: int) -> np.ndarray:
