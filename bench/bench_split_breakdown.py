@@ -41,6 +41,7 @@ import torch  # noqa: E402
 
 from bench_common import print_table, write_results  # noqa: E402
 from specsplit.services.rpc.step_batcher import LONE_CALLER_SECONDS  # noqa: E402
+from specsplit.services.target.decode_ahead import DECODE_AHEAD_MODES  # noqa: E402
 
 STAGES = [  # (name, from mark, to mark): consecutive marks of one round; a worker's marks lie inside its call
     ("coordinator_build_propose", "round.start", "propose.built"),
@@ -469,7 +470,7 @@ def main() -> None:
     parser.add_argument("--arrival-window-ms", type=float, default=None,
                         help="the services' coordinators' --arrival-window-ms (default: theirs; the one process gets "
                         "its batch at once)")
-    parser.add_argument("--decode-ahead", default="auto", choices=["auto", "on", "off"],
+    parser.add_argument("--decode-ahead", default="auto", choices=DECODE_AHEAD_MODES,
                         help="the target's decode ahead, in one process and in the target service alike")
     parser.add_argument("--label", default="", help="names this code's rows (e.g. before / after)")
     parser.add_argument("--name", default="split_breakdown_cpu")

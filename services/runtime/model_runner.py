@@ -136,18 +136,19 @@ class ModelRunner:
         """Run a step program over the sequences of `tables`: `values` are its per-sequence input fields (numpy,
         one row per table); returns its packed result (numpy, one row per padded sequence, the real ones first).
         On a GPU with graphs: one upload, one replay, one copy back."""
-        bucket = bucket_for(len(tables)) if self.graphs is not None else None
-        layout = program.layout(shape, bucket or len(tables))
-        host = layout.pack({**values, **self.block_tables.sync(tables)}, np.empty(layout.size, dtype=np.int64))
-        return self.execute_step(program, shape, layout, host, bucket)
+        return self.execute_step(program, shape, *self._packed(program, shape, values, tables))
 
     def launch_step(self, program, shape, values: dict, tables: list[BlockTable]) -> PendingStep:
         """`run_step` without waiting for the result: on a GPU the step is queued and the host goes on; the result
         is read from the PendingStep, before any other step program of this runner runs (target/decode_ahead.py)."""
+        return self.start_step(program, shape, *self._packed(program, shape, values, tables))
+
+    def _packed(self, program, shape, values: dict, tables: list[BlockTable]):
+        """(layout, packed host inputs, batch bucket) of a step over `tables` (bucket None: eager, unpadded)."""
         bucket = bucket_for(len(tables)) if self.graphs is not None else None
         layout = program.layout(shape, bucket or len(tables))
         host = layout.pack({**values, **self.block_tables.sync(tables)}, np.empty(layout.size, dtype=np.int64))
-        return self.start_step(program, shape, layout, host, bucket)
+        return layout, host, bucket
 
     def start_step(self, program, shape, layout, host: np.ndarray, bucket: int | None) -> PendingStep:
         """`execute_step`'s launch alone (the ranks of a tensor-parallel replica run it as they run that)."""

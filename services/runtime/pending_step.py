@@ -18,10 +18,6 @@ class PendingStep:
         self._event = event
         self._copy: np.ndarray | None = None
 
-    def done(self) -> bool:
-        """Whether the result is there (never blocks)."""
-        return self._event is None or self._event.query()
-
     def result(self) -> np.ndarray | None:
         """The packed result, waiting for the device if it is not there yet. A copy of the host buffer: a graph's
         buffer is overwritten by its next replay, and a result may be read after other steps ran."""

@@ -135,9 +135,6 @@ class _GuardedStep(PendingStep):
         self._step = step
         self._guarded = guarded
 
-    def done(self) -> bool:
-        return self._step.done()
-
     def result(self):
         return self._guarded(self._step.result)
 
