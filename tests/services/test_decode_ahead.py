@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from specsplit.services.errors import InvalidArgument
 from specsplit.services.local_engine import LocalEngine
 from specsplit.services.models.loader import load_model
 from specsplit.services.rpc import worker_messages
@@ -182,6 +183,9 @@ def test_the_hint_travels_in_the_verify_message():
     plain = worker_messages.verify_request([VerifyItem("a", 3, [1])])
     assert list(plain.decode_ahead) == []  # none set: the column stays empty
     assert [i.decode_ahead for i in worker_messages.verify_items(plain)] == [False]
+    plain.decode_ahead.extend([True, True])  # a column that does not line up with the handles: the request is refused
+    with pytest.raises(InvalidArgument, match="decode_ahead holds 2 values for 1 sequences"):
+        worker_messages.verify_items(plain)
 
 
 def test_modes():
