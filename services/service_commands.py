@@ -362,9 +362,10 @@ def spawn_service(argv: list[str], env=None, stderr=None,
                   timeout: float | None = None) -> tuple[subprocess.Popen, str]:
     """Start `specsplit ARGV` and wait for its 'listening on HOST:PORT' line; returns (process, address). A start
     that has not listened after `timeout` seconds is stopped as stop_processes stops one (SIGTERM first, so a
-    `serve` stops the services it started) and raises TimeoutError."""
+    `serve` stops the services it started) and raises TimeoutError. -P: the child imports nothing from the working
+    directory (run in a checkout, its kernels/ folder would shadow the `kernels` distribution transformers imports)."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "specsplit", *argv], stdout=subprocess.PIPE, stderr=stderr, text=True, env=env
+        [sys.executable, "-P", "-m", "specsplit", *argv], stdout=subprocess.PIPE, stderr=stderr, text=True, env=env
     )
     process.startup_lines = []  # what it printed before listening (e.g. where its metrics are)
     timed_out = threading.Event()

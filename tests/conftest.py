@@ -5,6 +5,14 @@ import os
 import sys
 from pathlib import Path
 
+# The checkout's top-level folders install as specsplit.* and are no import packages of their own, but `python -m
+# pytest` puts the working directory first on sys.path, where kernels/ would shadow the `kernels` distribution that
+# transformers imports. Drop the checkout from sys.path here and, through PYTHONSAFEPATH, in every Python the tests
+# start (the services start theirs with -P: services/service_commands.py).
+_CHECKOUT = Path(__file__).resolve().parent.parent
+sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _CHECKOUT]
+os.environ["PYTHONSAFEPATH"] = "1"
+
 # Before torch loads OpenMP, as the specsplit command does (specsplit/cli.py): no spinning threads on a shared machine.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 

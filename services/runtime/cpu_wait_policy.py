@@ -240,7 +240,7 @@ def environment_for(policy: str, environ=os.environ) -> dict:
 
 def probe_seconds(policy: str, layout: str, steps: int = 12, timeout: float = PROBE_TIMEOUT_S) -> float:
     """Seconds per step of the probe workload (wait_probe.py) in a fresh process waiting under `policy`."""
-    command = [sys.executable, "-m", "specsplit.services.runtime.wait_probe", "--steps", str(steps), "--layout", layout]
+    command = [sys.executable, "-P", "-m", "specsplit.services.runtime.wait_probe", "--steps", str(steps), "--layout", layout]
     out = subprocess.run(command, env=environment_for(policy), capture_output=True, text=True, timeout=timeout,
                          check=True)
     return float(out.stdout.strip().splitlines()[-1])

@@ -102,7 +102,7 @@ def start_tensor_parallel_runner(model: str, world_size: int, role: str, dtype="
     spec = dict(model=str(model), role=role, world_size=world_size, store=["127.0.0.1", store.port], dtype=dtype,
                 device=str(device), weight_format=weight_format)
     processes = [
-        subprocess.Popen([sys.executable, "-m", "specsplit.services.runtime.tensor_parallel_follower",
+        subprocess.Popen([sys.executable, "-P", "-m", "specsplit.services.runtime.tensor_parallel_follower",
                           json.dumps({**spec, "rank": rank})], stdout=sys.stderr)
         for rank in range(1, world_size)
     ]

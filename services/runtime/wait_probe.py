@@ -63,7 +63,7 @@ def main() -> None:
         return
     partner = None
     if args.layout == "turns":
-        partner = subprocess.Popen([sys.executable, "-m", __spec__.name, "--partner"], stdin=subprocess.PIPE,
+        partner = subprocess.Popen([sys.executable, "-P", "-m", __spec__.name, "--partner"], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE)
         assert partner.stdout.read(1) == b"r"
     samples = []

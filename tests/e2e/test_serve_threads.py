@@ -39,8 +39,10 @@ def test_serve_sets_each_processes_threads(tiny_pair):
     commands: list = []
     said = _serve_threads(tiny_pair, "--draft-threads", "1", "-k", "6", commands=commands)
     assert said == {"target": CORES, "draft": 1, "coordinator": 1}
-    workers = [c for c in commands if "target" in c[2:4] or "draft" in c[2:4]]
+    workers = [c for c in commands if c[c.index("specsplit") + 1] in ("target", "draft")]
     assert len(workers) == 2 and all(c[c.index("--warm-up-k") + 1] == "6" for c in workers)
+    # Started with -P: a checkout's kernels/ folder in the working directory cannot shadow an installed package.
+    assert all(c[1:4] == ["-P", "-m", "specsplit"] for c in commands)
 
 
 def test_thread_defaults_and_bad_counts():
