@@ -28,8 +28,8 @@ from bench_common import print_table, write_results  # noqa: E402
 from bench_kernels import graph_us  # noqa: E402
 from specsplit.kernels import linear_triton as linear_triton_module  # noqa: E402
 from specsplit.kernels.device import sm_count  # noqa: E402
-from specsplit.kernels.linear_triton import (Tile, default_tile, gemm_config, linear_triton,  # noqa: E402
-                                             splits_side_by_side)
+from specsplit.kernels.linear_triton import (Tile, default_tile, gemm_config, launch_variant,  # noqa: E402
+                                             linear_triton, splits_side_by_side)
 
 # [N, K] of each model's GEMMs (Qwen2.5 shapes: qkv and gate/up packed as the engine packs them); lm_head last.
 SHAPES = {
@@ -76,6 +76,10 @@ def main() -> None:
     parser.add_argument("--row-tiles", default="",
                         help="only the row-tile family: BLOCK_M:warps:stages,... beside the default tile, each "
                              "checked for the default's bits and timed (e.g. 64:4:4,128:4:4,128:8:4,256:8:3)")
+    parser.add_argument("--variants", default="",
+                        help="only these launch variants of each shape's default config (same K splits): "
+                             "[swap|plain][-tma]:BLOCK_M:BLOCK_N:warps:stages,... each checked for the default's "
+                             "bits and timed (BLOCK_M: the rows' tile, BLOCK_N: the weight rows' tile)")
     args = parser.parse_args()
     rows_list = [int(r) for r in args.rows.split(",")]
     started = time.perf_counter()
@@ -102,6 +106,10 @@ def main() -> None:
     save()
     if args.row_tiles:
         rows_out += row_tile_family(weights, args.row_tiles, rows_list, num_sms, args.calls)
+        save()
+        return
+    if args.variants:
+        rows_out += launch_variants(weights, args.variants, rows_list, num_sms, args.calls, started, args.budget_s)
         save()
         return
     for tile in CANDIDATE_TILES:
@@ -185,6 +193,45 @@ def row_tile_family(weights, spec: str, rows_list: list[int], num_sms: int, call
                 out.append(row)
             log(model, layer, item, "same bits", same,
                 {m: round(r["chosen_us"], 1) for m, r in zip(rows_list, out[-len(rows_list):])})
+    return out
+
+
+def launch_variants(weights, spec: str, rows_list: list[int], num_sms: int, calls: int, started: float,
+                    budget_s: float) -> list[dict]:
+    """Each shape's default config launched other ways (row and weight tiles, the MMA's operands swapped, tensor
+    descriptors): whether each gives every row the default's bits at every row count and placement, and its time
+    per call with the placement `splits_side_by_side` picks and with the splits in one program."""
+    out = []
+    for (model, layer), (weight, bias) in weights.items():
+        n, k = weight.shape
+        base = gemm_config(n, k, torch.bfloat16, num_sms)
+        x = torch.randn(max(rows_list), k, device=weight.device, dtype=torch.bfloat16)
+        want = linear_triton(x, weight, bias, config=base, side_by_side=False)
+        for item in ["plain:%d:%d:%d:%d" % (base.block_m, base.block_n, base.num_warps, base.num_stages)] + spec.split(","):
+            if time.perf_counter() - started > budget_s:
+                log("budget reached:", model, layer, item, "and later not run")
+                return out
+            cfg = launch_variant(item, base)
+            try:
+                same = all(torch.equal(linear_triton(x[:m], weight, bias, config=cfg, side_by_side=placement),
+                                       want[:m]) for m in rows_list for placement in (True, False))
+            except Exception as error:  # a tile that does not compile (shared memory) is a result
+                out.append({"section": "variant_error", "model": model, "layer": layer, "variant": item,
+                            "error": repr(error)[:300]})
+                log("error", model, layer, item, repr(error)[:200])
+                continue
+            for m in rows_list:
+                xm = x[:m].contiguous()
+                side = splits_side_by_side(m, n, cfg, num_sms)
+                out.append({"section": "variant", "model": model, "layer": layer, "n": n, "k": k, "rows": m,
+                            "variant": item, "split_k": cfg.split_k, "same_bits_as_default": same,
+                            "rule_side_by_side": side,
+                            "chosen_us": graph_us(lambda: linear_triton(xm, weight, bias, config=cfg), calls),
+                            "in_program_us": graph_us(lambda: linear_triton(xm, weight, bias, config=cfg,
+                                                                            side_by_side=False), calls)})
+            log(model, layer, item, "same bits", same,
+                {m: round(r["chosen_us"], 1) for m, r in zip(rows_list, out[-len(rows_list):])},
+                f"{time.perf_counter() - started:.0f}s")
     return out
 
 

@@ -19,13 +19,22 @@ on 132 SMs) would leave most SMs idle while a few stream the whole weight. The s
 and then kept for every M. At many rows the row-tiles fill the SMs themselves, and the splits run inside each
 program (no partials to write and read back).
 
-Fusion points, for later (not implemented): `_load_rows` is where an input prologue goes (RMSNorm of the rows:
+Launch variants (experimental, off unless SPECSPLIT_INVARIANT_GEMM_LAUNCH names them; `launch_rule`): the same K
+splits and K order launched with other tiles, the MMA's operands swapped (out^T = W x^T: the weight's rows fill the
+MMA's M side, at least 64 a warp group, and the rows its N side, as few as 16, where a 160-row verification in
+64-row tiles pads to 192), or tiles loaded through tensor descriptors. Whether the device's MMA then adds each
+element's products in the same order, i.e. gives the default launch's bits, is measured on the device
+(bench/bench_invariant_gemm.py --variants), not assumed; float32 (products added one by one) never takes them.
+
+Fusion points, for later (not implemented): `_load_tile` is where an input prologue goes (RMSNorm of the rows:
 scale the x tile by each row's precomputed rstd and the norm weight's K slice), `_finish` where an output epilogue
 goes (SiLU(gate) * up: gate and up as two accumulators over weight rows n and n + N/2); each behind a tl.constexpr
 flag, so the plain instance compiles unchanged.
 """
 
-from dataclasses import dataclass
+import functools
+import os
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -41,6 +50,7 @@ _PROGRAMS_PER_SM = 3
 _MIN_K_BLOCKS_PER_SPLIT = 4
 _MAX_SPLIT_K = 16
 _GOOD_FILL = 0.9
+LAUNCH_ENV = "SPECSPLIT_INVARIANT_GEMM_LAUNCH"
 
 
 @dataclass(frozen=True)
@@ -62,6 +72,8 @@ class GemmConfig:
     k_per_split: int  # multiple of block_k; split s covers K columns [s * k_per_split, (s + 1) * k_per_split)
     num_warps: int
     num_stages: int
+    swap_ab: bool = False  # the MMA computes out^T = W x^T: the weight's rows fill its M side, the rows its N side
+    tma: bool = False  # tiles loaded through tensor descriptors (Hopper's bulk copy engine) instead of pointers
 
 
 def default_tile(dtype: torch.dtype) -> Tile:
@@ -104,6 +116,44 @@ def gemm_config(n: int, k: int, dtype: torch.dtype, num_sms: int, *, tile: Tile 
                       tile.num_warps, tile.num_stages)
 
 
+def launch_variant(spec: str, base: GemmConfig) -> GemmConfig:
+    """`base` launched another way, its K splits kept: "[plain|swap][-tma]:BLOCK_M:BLOCK_N:warps:stages" (BLOCK_M
+    the rows' tile, BLOCK_N the weight rows'; swap: the MMA computes out^T = W x^T; -tma: tensor descriptors).
+    16-bit weights only: a float32 tile's products are added one by one, in an order its shape sets."""
+    kind, *numbers = spec.split(":")
+    if kind not in ("plain", "plain-tma", "swap", "swap-tma") or len(numbers) != 4 or not all(
+            v.isdigit() for v in numbers):
+        raise ValueError(f"a launch variant is [plain|swap][-tma]:BLOCK_M:BLOCK_N:warps:stages, not {spec!r}")
+    block_m, block_n, warps, stages = (int(v) for v in numbers)
+    return replace(base, block_m=block_m, block_n=block_n, num_warps=warps, num_stages=stages,
+                   swap_ab=kind.startswith("swap"), tma=kind.endswith("-tma"))
+
+
+def launch_rule(value: str | None = None) -> list[tuple[int, str]]:
+    """SPECSPLIT_INVARIANT_GEMM_LAUNCH (experimental, off by default; for timing on a GPU): "VARIANT@ROWS,..." =
+    calls of at least ROWS rows launch their 16-bit shape's config as VARIANT. -> [(rows, variant)], most rows
+    first. Only a variant that bench_invariant_gemm.py --variants found giving the default launch's bits on the
+    device keeps the mode's guarantee there: its K order is the same, but the MMA's shape is not."""
+    value = os.environ.get(LAUNCH_ENV, "") if value is None else value
+    rule = []
+    for item in filter(None, value.split(",")):
+        variant, _, rows = item.rpartition("@")
+        if not rows.isdigit() or not variant:
+            raise ValueError(f"{LAUNCH_ENV} is VARIANT@ROWS,..., not {value!r}")
+        launch_variant(variant, GemmConfig(64, 64, 64, 1, 64, 4, 4))  # refused here, not at a model's first call
+        rule.append((int(rows), variant))
+    return sorted(rule, reverse=True)
+
+
+def config_for_rows(m: int, cfg: GemmConfig, dtype: torch.dtype, rule: list[tuple[int, str]]) -> GemmConfig:
+    """The launch for a call of m rows: the first variant of `rule` whose row count m reaches (16-bit), else cfg."""
+    if dtype in (torch.bfloat16, torch.float16):
+        for rows, variant in rule:
+            if m >= rows:
+                return launch_variant(variant, cfg)
+    return cfg
+
+
 def splits_side_by_side(m: int, n: int, cfg: GemmConfig, num_sms: int) -> bool:
     """Whether a split GEMM of m rows runs its K splits in programs of their own (then a reduce) or one after
     another inside each tile's program. The bits are the same either way (the same additions in the same order), so
@@ -114,37 +164,64 @@ def splits_side_by_side(m: int, n: int, cfg: GemmConfig, num_sms: int) -> bool:
 
 
 @triton.jit
-def _load_rows(x_ptr, offs_m, offs_k, M, K, stride_xm):
-    """The [BLOCK_M, BLOCK_K] input tile; rows past M and columns past K read as zeros."""
-    return tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :],
-                   mask=(offs_m[:, None] < M) & (offs_k[None, :] < K), other=0.0)
+def _load_tile(src, offs_rows, offs_k, rows, K, stride, row0, k0, TMA: tl.constexpr):
+    """A [rows, BLOCK_K] tile of a row-major matrix; rows past `rows` and columns past K read as zeros (a tensor
+    descriptor's bounds do that by themselves)."""
+    if TMA:
+        return src.load([row0, k0])
+    return tl.load(src + offs_rows[:, None].to(tl.int64) * stride + offs_k[None, :],
+                   mask=(offs_rows[:, None] < rows) & (offs_k[None, :] < K), other=0.0)
+
+
+@triton.jit
+def _store_tile(acc, out_ptr, offs_m, offs_n, M, N, stride_om, SWAP_AB: tl.constexpr):
+    """acc ([BLOCK_M, BLOCK_N], or [BLOCK_N, BLOCK_M] swapped) into out[offs_m, offs_n]: the swapped tile is
+    stored through transposed addresses, not transposed in registers."""
+    if SWAP_AB:
+        tl.store(out_ptr + offs_m[None, :].to(tl.int64) * stride_om + offs_n[:, None], acc,
+                 mask=(offs_m[None, :] < M) & (offs_n[:, None] < N))
+    else:
+        tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :], acc,
+                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
 @triton.jit
 def _finish(acc, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BIAS: tl.constexpr,
-            INTERPRETER: tl.constexpr):
+            SWAP_AB: tl.constexpr, INTERPRETER: tl.constexpr):
     """Bias in float32, one rounding to the output dtype, store."""
     if HAS_BIAS:
-        acc = acc + tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    out = cast_rtne(acc, out_ptr.dtype.element_ty, INTERPRETER)
-    tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :], out,
-             mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+        bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+        if SWAP_AB:
+            acc = acc + bias[:, None]
+        else:
+            acc = acc + bias[None, :]
+    _store_tile(cast_rtne(acc, out_ptr.dtype.element_ty, INTERPRETER), out_ptr, offs_m, offs_n, M, N, stride_om,
+                SWAP_AB)
 
 
 @triton.jit
-def _dot_k_range(x_ptr, w_rows, offs_m, offs_n, M, N, K, stride_xm, k_lo, k_hi, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 INTERPRETER: tl.constexpr):
-    """The float32 sum over K columns [k_lo, k_hi) of the tile, from zero, BLOCK_K columns at a time in order."""
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+def _dot_k_range(x_src, w_src, offs_m, offs_n, M, N, K, stride_xm, stride_wn, k_lo, k_hi, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, TMA: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, INTERPRETER: tl.constexpr):
+    """The float32 sum over K columns [k_lo, k_hi) of the tile, from zero, BLOCK_K columns at a time in order
+    ([BLOCK_M, BLOCK_N]; [BLOCK_N, BLOCK_M] swapped: the same products, added in the same K order)."""
+    if SWAP_AB:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    row0 = tl.program_id(0) * BLOCK_M
+    col0 = tl.program_id(1) * BLOCK_N
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        a = _load_rows(x_ptr, offs_m, offs_k, M, K, stride_xm)
-        b = tl.load(w_rows + offs_k[None, :], mask=(offs_n[:, None] < N) & (offs_k[None, :] < K), other=0.0)
+        a = _load_tile(x_src, offs_m, offs_k, M, K, stride_xm, row0, k0, TMA)
+        b = _load_tile(w_src, offs_n, offs_k, N, K, stride_wn, col0, k0, TMA)
         if INTERPRETER:  # the interpreter multiplies 16-bit operands as raw bits: give it their fp32 values
             a = a.to(tl.float32)
             b = b.to(tl.float32)
-        acc = tl.dot(a, tl.trans(b), acc, input_precision=DOT_PRECISION)  # wgmma on an H100 (the sweep checks)
+        if SWAP_AB:
+            acc = tl.dot(b, tl.trans(a), acc, input_precision=DOT_PRECISION)
+        else:
+            acc = tl.dot(a, tl.trans(b), acc, input_precision=DOT_PRECISION)  # wgmma on an H100 (the sweep checks)
     return acc
 
 
@@ -152,34 +229,34 @@ def _dot_k_range(x_ptr, w_rows, offs_m, offs_n, M, N, K, stride_xm, k_lo, k_hi, 
 # specialised, so the compiler sees them divisible by 16 and issues vector loads.
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _linear_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, partial_ptr,
+    x_src, w_src, bias_ptr, out_ptr, partial_ptr,
     M, N, K, stride_xm, stride_wn, stride_om, K_PER_SPLIT, SPLIT_K,
     SPLITS_IN_PROGRAM: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SWAP_AB: tl.constexpr, TMA: tl.constexpr,
     DOT_PRECISION: tl.constexpr, INTERPRETER: tl.constexpr,
 ):
     # Row-tiles vary fastest: the programs that read the same weight tile run side by side (it stays in L2).
     offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn
     if SPLITS_IN_PROGRAM:
         # Every split of K in this program, each summed from zero and added to the total in split order: the very
         # additions `_reduce_splits_kernel` makes, so the bits equal the side-by-side splits'.
-        acc = _dot_k_range(x_ptr, w_rows, offs_m, offs_n, M, N, K, stride_xm, 0, tl.minimum(K_PER_SPLIT, K),
-                           BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, INTERPRETER)
+        acc = _dot_k_range(x_src, w_src, offs_m, offs_n, M, N, K, stride_xm, stride_wn, 0,
+                           tl.minimum(K_PER_SPLIT, K), BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, TMA, DOT_PRECISION,
+                           INTERPRETER)
         for split in range(1, SPLIT_K):
             k_lo = split * K_PER_SPLIT
-            acc = acc + _dot_k_range(x_ptr, w_rows, offs_m, offs_n, M, N, K, stride_xm, k_lo,
-                                     tl.minimum(k_lo + K_PER_SPLIT, K), BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION,
-                                     INTERPRETER)
-        _finish(acc, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BIAS, INTERPRETER)
+            acc = acc + _dot_k_range(x_src, w_src, offs_m, offs_n, M, N, K, stride_xm, stride_wn, k_lo,
+                                     tl.minimum(k_lo + K_PER_SPLIT, K), BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, TMA,
+                                     DOT_PRECISION, INTERPRETER)
+        _finish(acc, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BIAS, SWAP_AB, INTERPRETER)
     else:  # this program's split of K into partials [SPLIT_K, M, N] float32, added by `_reduce_splits_kernel`
         split = tl.program_id(2)
         k_lo = split * K_PER_SPLIT
-        acc = _dot_k_range(x_ptr, w_rows, offs_m, offs_n, M, N, K, stride_xm, k_lo,
-                           tl.minimum(k_lo + K_PER_SPLIT, K), BLOCK_M, BLOCK_N, BLOCK_K, DOT_PRECISION, INTERPRETER)
-        part = partial_ptr + (split * M + offs_m[:, None]).to(tl.int64) * N + offs_n[None, :]
-        tl.store(part, acc, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+        acc = _dot_k_range(x_src, w_src, offs_m, offs_n, M, N, K, stride_xm, stride_wn, k_lo,
+                           tl.minimum(k_lo + K_PER_SPLIT, K), BLOCK_M, BLOCK_N, BLOCK_K, SWAP_AB, TMA, DOT_PRECISION,
+                           INTERPRETER)
+        _store_tile(acc, partial_ptr + (split * M).to(tl.int64) * N, offs_m, offs_n, M, N, N, SWAP_AB)
 
 
 @triton.jit(do_not_specialize=["M", "SPLIT_K"])
@@ -194,7 +271,12 @@ def _reduce_splits_kernel(partial_ptr, bias_ptr, out_ptr, M, N, stride_om, SPLIT
     acc = tl.load(partial_ptr + index, mask=mask, other=0.0)
     for s in range(1, SPLIT_K):
         acc = acc + tl.load(partial_ptr + (s * M).to(tl.int64) * N + index, mask=mask, other=0.0)
-    _finish(acc, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BIAS, INTERPRETER)
+    _finish(acc, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BIAS, False, INTERPRETER)
+
+
+@functools.cache
+def _launch_rule() -> list[tuple[int, str]]:
+    return launch_rule()
 
 
 def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -212,7 +294,7 @@ def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     if m == 0:
         return out.reshape(*lead, n)
     num_sms = sm_count(x.device)
-    cfg = config or gemm_config(n, k, weight.dtype, num_sms)
+    cfg = config or config_for_rows(m, gemm_config(n, k, weight.dtype, num_sms), weight.dtype, _launch_rule())
     if side_by_side is None:
         side_by_side = splits_side_by_side(m, n, cfg, num_sms)
     side_by_side = side_by_side and cfg.split_k > 1
@@ -221,11 +303,16 @@ def linear_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     partial = torch.empty(cfg.split_k, m, n, dtype=torch.float32, device=x.device) if side_by_side else out
     bias_arg = bias if bias is not None else out  # unused without a bias
     tiles = (triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n))
+    x_src, w_src = rows, weight
+    if cfg.tma and all(t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0 for t in (rows, weight)):
+        from triton.tools.tensor_descriptor import TensorDescriptor  # imported only where asked for (Triton >= 3.4)
+        x_src = TensorDescriptor.from_tensor(rows, [cfg.block_m, cfg.block_k])
+        w_src = TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k])
     _linear_kernel[(*tiles, cfg.split_k if side_by_side else 1)](
-        rows, weight, bias_arg, out, partial, m, n, k, rows.stride(0), weight.stride(0), out.stride(0),
+        x_src, w_src, bias_arg, out, partial, m, n, k, rows.stride(0), weight.stride(0), out.stride(0),
         cfg.k_per_split, cfg.split_k, SPLITS_IN_PROGRAM=not side_by_side, HAS_BIAS=bias is not None,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, DOT_PRECISION=precision,
-        INTERPRETER=interpreter, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SWAP_AB=cfg.swap_ab, TMA=x_src is not rows,
+        DOT_PRECISION=precision, INTERPRETER=interpreter, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if side_by_side:
         block_m, block_n = 32, 128

@@ -15,7 +15,9 @@ from paged_batch_inputs import make_paged_batch, naive_attention, relative_error
 from specsplit.kernels import dispatch, typical_acceptance
 from specsplit.kernels.invariant_reductions import ordered_cumsum, ordered_sum, ordered_top_k
 from specsplit.kernels.linear import linear_torch
-from specsplit.kernels.linear_triton import GemmConfig, gemm_config, linear_triton, splits_side_by_side
+from specsplit.kernels import linear_triton as linear_triton_module
+from specsplit.kernels.linear_triton import (GemmConfig, config_for_rows, gemm_config, launch_rule, launch_variant,
+                                             linear_triton, splits_side_by_side)
 from specsplit.kernels.paged_attention import paged_attention_torch
 from specsplit.kernels.paged_attention_triton import paged_attention_triton
 from specsplit.kernels.rms_norm import add_rms_norm_torch
@@ -132,6 +134,74 @@ def test_linear_triton_splits_side_by_side_or_in_one_program_give_the_same_bits(
     if dtype == torch.float32:  # the split is part of the arithmetic (bf16's rounding hides it at this K)
         unsplit = dataclasses.replace(SPLIT_CONFIG, split_k=1, k_per_split=224)
         assert not torch.equal(linear_triton(x, w, b, config=unsplit), in_program)
+
+
+# The same K splits launched other ways: the MMA's operands swapped (the weight's rows on its M side), tiles loaded
+# through tensor descriptors. Whether each gives the default launch's bits is the GPU's to say (tensor-core
+# accumulation; bench_invariant_gemm.py --variants checks it there); here: each computes the GEMM, row-invariantly.
+LAUNCH_VARIANTS = {"swapped": dict(swap_ab=True, block_m=16), "descriptors": dict(tma=True),
+                   "swapped, descriptors": dict(swap_ab=True, tma=True, block_m=32, block_n=32)}
+
+
+@pytest.mark.parametrize("variant", LAUNCH_VARIANTS)
+@pytest.mark.parametrize("side_by_side", [True, False], ids=["splits-side-by-side", "splits-in-program"])
+def test_linear_triton_launch_variants_compute_the_gemm_row_invariantly(variant, side_by_side, device, generator):
+    x = torch.randn(70, 200, generator=generator).to(dtype=torch.bfloat16, device=device)
+    w = (torch.randn(100, 200, generator=generator) / 10).to(dtype=torch.bfloat16, device=device)
+    b = torch.randn(100, generator=generator).to(dtype=torch.bfloat16, device=device)
+    config = dataclasses.replace(SPLIT_CONFIG, **LAUNCH_VARIANTS[variant])
+    got = _row_invariance(lambda rows: linear_triton(rows, w, b, config=config, side_by_side=side_by_side), x)
+    exact = x.double().cpu() @ w.double().cpu().T + b.double().cpu()
+    assert relative_error(got, exact) < 8e-3
+    # Rows that start off a 16-byte boundary cannot take a descriptor: loaded through pointers, the same bits.
+    misaligned = torch.randn(70 * 200 + 1, generator=generator).to(dtype=torch.bfloat16, device=device)[1:]
+    misaligned = misaligned.view(70, 200)
+    assert misaligned.data_ptr() % 16 != 0
+    assert torch.equal(linear_triton(misaligned, w, b, config=config, side_by_side=side_by_side),
+                       linear_triton(misaligned.clone(), w, b, config=config, side_by_side=side_by_side))
+
+
+def test_launch_variants_and_the_rule_that_takes_them_from_a_row_count():
+    base = gemm_config(3584, 3584, torch.bfloat16, 132)
+    swapped = launch_variant("swap-tma:32:128:4:4", base)
+    assert (swapped.block_m, swapped.block_n, swapped.num_warps, swapped.num_stages) == (32, 128, 4, 4)
+    assert swapped.swap_ab and swapped.tma and (swapped.split_k, swapped.k_per_split) == (base.split_k, base.k_per_split)
+    assert launch_variant("plain:64:64:4:4", base) == base
+    for bad in ("swap:32:128:4", "wide:32:128:4:4", "swap:32:128:4:x"):
+        with pytest.raises(ValueError, match="BLOCK_M:BLOCK_N:warps:stages"):
+            launch_variant(bad, base)
+    assert launch_rule("") == [] and launch_rule(None) == []  # off unless set
+    rule = launch_rule("swap:16:64:4:4@1,swap-tma:64:128:4:4@64")
+    assert rule == [(64, "swap-tma:64:128:4:4"), (1, "swap:16:64:4:4")]
+    assert config_for_rows(160, base, torch.bfloat16, rule).block_m == 64
+    assert config_for_rows(63, base, torch.bfloat16, rule).block_m == 16
+    assert config_for_rows(160, base, torch.float32, rule) == base  # float32 keeps its one launch
+    with pytest.raises(ValueError, match="VARIANT@ROWS"):
+        launch_rule("swap:16:64:4:4")
+
+
+def test_linear_triton_takes_the_launch_rule_from_the_environment(monkeypatch, device, generator):
+    x = torch.randn(70, 200, generator=generator).to(dtype=torch.bfloat16, device=device)
+    w = (torch.randn(100, 200, generator=generator) / 10).to(dtype=torch.bfloat16, device=device)
+    taken = []
+
+    def recorded(m, cfg, dtype, rule):
+        chosen = original(m, cfg, dtype, rule)
+        taken.append((m, chosen.swap_ab, chosen.block_m))
+        return chosen
+
+    original = linear_triton_module.config_for_rows
+    monkeypatch.setattr(linear_triton_module, "config_for_rows", recorded)
+    monkeypatch.setenv(linear_triton_module.LAUNCH_ENV, "swap:16:64:4:4@8")
+    linear_triton_module._launch_rule.cache_clear()
+    try:
+        few, many = linear_triton(x[:7], w), linear_triton(x, w)
+    finally:
+        monkeypatch.delenv(linear_triton_module.LAUNCH_ENV)
+        linear_triton_module._launch_rule.cache_clear()
+    assert taken == [(7, False, 64), (70, True, 16)]  # the 70-row call only
+    exact = x.double().cpu() @ w.double().cpu().T
+    assert relative_error(many, exact) < 8e-3 and relative_error(few, exact[:7]) < 8e-3
 
 
 def test_splits_go_in_one_program_once_the_row_tiles_fill_the_device():
