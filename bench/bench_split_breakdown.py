@@ -22,6 +22,7 @@ tokens are real target samples).
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import gzip
 import glob
@@ -194,9 +195,11 @@ def services_rows(args, modes: list[str], target_dir, draft_dir, batches, ks, al
     if len(colocated) > 1:
         raise SystemExit(f"one co-located mode per run (its coordinator lives in the target): {colocated}")
     out, windows, spans, procs = {}, {}, {}, []
+    draft_cores, target_cores = _worker_cores(args.pin_workers)
     try:
-        draft, d_addr = spawn_service(["draft", "--model", str(draft_dir), "--device", args.devices[1], *common, *kv,
-                                       *threads, "--warm-up-k", str(max(ks) + 1)], env=env)
+        with _started_on(draft_cores):
+            draft, d_addr = spawn_service(["draft", "--model", str(draft_dir), "--device", args.devices[1], *common,
+                                           *kv, *threads, "--warm-up-k", str(max(ks) + 1)], env=env)
         procs.append(draft)
         for alpha in alphas:
             synthetic = ["--synthetic-acceptance", str(alpha)] if alpha is not None else []
@@ -206,7 +209,8 @@ def services_rows(args, modes: list[str], target_dir, draft_dir, batches, ks, al
             if colocated:
                 target_argv += ["--coordinate", "--draft", d_addr, "--coordinator-port", "0",
                                 "--coordinator-metrics-port", "-1", *coordinating, *SERVICE_MODES[colocated[0]][1]]
-            target, t_addr = spawn_service(target_argv, env=env)
+            with _started_on(target_cores):
+                target, t_addr = spawn_service(target_argv, env=env)
             started.append(target)
             if colocated:
                 addresses[colocated[0]] = address_after(target, "coordinator")
@@ -241,6 +245,28 @@ def services_rows(args, modes: list[str], target_dir, draft_dir, batches, ks, al
     finally:
         stop_processes(procs)
     return out, windows, spans
+
+
+def _worker_cores(spec: str) -> tuple[set[int] | None, set[int] | None]:
+    """--pin-workers "DRAFT_CORES:TARGET_CORES" (e.g. 0:1) -> the two core sets; "" -> no pinning."""
+    if not spec:
+        return None, None
+    draft, target = spec.split(":")
+    return tuple({int(c) for c in part.split(",")} for part in (draft, target))
+
+
+@contextlib.contextmanager
+def _started_on(cores: set[int] | None):
+    """A process started inside runs on `cores` (a child inherits its parent's affinity), and so do its threads."""
+    if cores is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def _run_client(client, args, batch: int, k: int, warm_up: bool = False) -> dict:
@@ -472,6 +498,9 @@ def main() -> None:
                         "its batch at once)")
     parser.add_argument("--decode-ahead", default="auto", choices=DECODE_AHEAD_MODES,
                         help="the target's decode ahead, in one process and in the target service alike")
+    parser.add_argument("--pin-workers", default="", metavar="DRAFT_CORES:TARGET_CORES",
+                        help="start the draft and the target pinned to these cores (e.g. 0:1); the coordinator, the "
+                             "client and the one process stay unpinned")
     parser.add_argument("--label", default="", help="names this code's rows (e.g. before / after)")
     parser.add_argument("--name", default="split_breakdown_cpu")
     parser.add_argument("--read-timeline", nargs=2, metavar=("FILE", "ROW"),
@@ -513,7 +542,8 @@ def main() -> None:
             with gzip.open(Path(os.environ["OUT"]) / f"{args.name}_timeline.json.gz", "wt") as out:
                 json.dump({"marks": timeline, "windows": {" ".join(map(str, k)): v for k, v in windows.items()}}, out)
         for (mode, alpha, batch, k), run in measured.items():
-            row = {"label": args.label, "mode": mode, "alpha": alpha, "batch": batch, "k": k, **run}
+            row = {"label": args.label, "mode": mode, "alpha": alpha, "batch": batch, "k": k,
+                   "pin_workers": args.pin_workers, **run}
             reference = local.get((alpha, batch, k))
             if reference is not None:
                 row["vs_in_process"] = run["tokens_per_s"] / reference["tokens_per_s"]
