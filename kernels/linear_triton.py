@@ -164,13 +164,12 @@ def splits_side_by_side(m: int, n: int, cfg: GemmConfig, num_sms: int) -> bool:
 
 
 @triton.jit
-def _load_tile(src, offs_rows, offs_k, rows, K, stride, row0, k0, TMA: tl.constexpr):
-    """A [rows, BLOCK_K] tile of a row-major matrix; rows past `rows` and columns past K read as zeros (a tensor
-    descriptor's bounds do that by themselves)."""
+def _load_tile(src, offs_rows, offs_k, rows, K, row0, k0, TMA: tl.constexpr):
+    """A [rows, BLOCK_K] tile at K columns offs_k: through a tensor descriptor (its bounds read zeros past `rows`
+    and K) or from `src`, the tile rows' start addresses (rows past `rows` and columns past K masked to zeros)."""
     if TMA:
         return src.load([row0, k0])
-    return tl.load(src + offs_rows[:, None].to(tl.int64) * stride + offs_k[None, :],
-                   mask=(offs_rows[:, None] < rows) & (offs_k[None, :] < K), other=0.0)
+    return tl.load(src + offs_k[None, :], mask=(offs_rows[:, None] < rows) & (offs_k[None, :] < K), other=0.0)
 
 
 @triton.jit
@@ -211,10 +210,15 @@ def _dot_k_range(x_src, w_src, offs_m, offs_n, M, N, K, stride_xm, stride_wn, k_
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     row0 = tl.program_id(0) * BLOCK_M
     col0 = tl.program_id(1) * BLOCK_N
+    if TMA:
+        x_rows, w_rows = x_src, w_src
+    else:  # each tile row's start address, once
+        x_rows = x_src + offs_m[:, None].to(tl.int64) * stride_xm
+        w_rows = w_src + offs_n[:, None].to(tl.int64) * stride_wn
     for k0 in range(k_lo, k_hi, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        a = _load_tile(x_src, offs_m, offs_k, M, K, stride_xm, row0, k0, TMA)
-        b = _load_tile(w_src, offs_n, offs_k, N, K, stride_wn, col0, k0, TMA)
+        a = _load_tile(x_rows, offs_m, offs_k, M, K, row0, k0, TMA)
+        b = _load_tile(w_rows, offs_n, offs_k, N, K, col0, k0, TMA)
         if INTERPRETER:  # the interpreter multiplies 16-bit operands as raw bits: give it their fp32 values
             a = a.to(tl.float32)
             b = b.to(tl.float32)
