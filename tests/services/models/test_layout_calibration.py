@@ -239,7 +239,7 @@ def test_the_matmul_timer_times_converted_copies_and_leaves_the_model_dense(floa
 def test_the_engine_reports_its_choices_and_models_list_shows_them(float32_model, monkeypatch, capsys):
     engine = LocalEngine(str(float32_model), str(float32_model), num_speculative_tokens=3)
     assert engine.layouts["target"].rows == {4: 1.0} and engine.layouts["draft"].rows == {1: 3.0}
-    assert engine.layouts["target"].layout in ("dense", "packed")
+    assert engine.layouts["target"].layout in ("dense", "packed", "dual")  # dual: where dense steps one row faster
     assert engine.target.weight_format == engine.layouts["target"].layout
     assert commands.main(["list"]) == 0
     out = capsys.readouterr().out
