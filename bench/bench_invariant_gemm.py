@@ -9,12 +9,17 @@ For every candidate (tile, and the program slots per SM that gemm_config's split
 The summary adds each model's per-layer GEMMs (qkv, o, gate/up, down) and its lm_head for each m, for each candidate,
 with the placement `splits_side_by_side` picks and with the faster one, as cuBLAS time / the mode's.
 
+`--variants` instead (or `--row-tiles`, its shorthand for other row tiles): each shape's default config launched
+other ways, its K splits kept (row and weight tiles, the MMA's operands swapped, tensor descriptors:
+linear_triton.launch_variant), each checked on the device for the default launch's bits at every row count and
+placement, then timed beside it and cuBLAS.
+
 Writes $OUT/invariant_gemm.json (else bench/results/). One GPU:
     python3 bench/bench_invariant_gemm.py [--rows 1,5,8,32,40,160,288] [--budget-s 420]
+    python3 bench/bench_invariant_gemm.py --rows 1,8,32,160,1024 --variants swap:32:128:4:4,swap-tma:64:128:4:4
 """
 
 import argparse
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -75,7 +80,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=10, help="calls per captured graph")
     parser.add_argument("--row-tiles", default="",
                         help="only the row-tile family: BLOCK_M:warps:stages,... beside the default tile, each "
-                             "checked for the default's bits and timed (e.g. 64:4:4,128:4:4,128:8:4,256:8:3)")
+                             "checked for the default's bits and timed (e.g. 64:4:4,128:4:4,128:8:4,256:8:3); "
+                             "shorthand for --variants plain:BLOCK_M:64:warps:stages,...")
     parser.add_argument("--variants", default="",
                         help="only these launch variants of each shape's default config (same K splits): "
                              "[swap|plain][-tma]:BLOCK_M:BLOCK_N:warps:stages,... each checked for the default's "
@@ -104,12 +110,11 @@ def main() -> None:
                 rows_out.append({"section": "cublas", "model": model, "layer": layer, "n": n, "k": k, "rows": m,
                                  "us": graph_us(lambda: F.linear(x, weight, bias), args.calls)})
     save()
-    if args.row_tiles:
-        rows_out += row_tile_family(weights, args.row_tiles, rows_list, num_sms, args.calls)
-        save()
-        return
-    if args.variants:
-        rows_out += launch_variants(weights, args.variants, rows_list, num_sms, args.calls, started, args.budget_s)
+    variants = args.variants or ",".join(  # a row tile BLOCK_M:warps:stages is the plain launch with that row tile
+        "plain:{}:{}:{}:{}".format(tile.split(":")[0], default_tile(torch.bfloat16).block_n, *tile.split(":")[1:])
+        for tile in filter(None, args.row_tiles.split(",")))
+    if variants:
+        rows_out += launch_variants(weights, variants, rows_list, num_sms, args.calls, started, args.budget_s)
         save()
         return
     for tile in CANDIDATE_TILES:
@@ -166,34 +171,6 @@ def mma_instructions() -> dict:
             ptx = compiled.asm.get("ptx", "")
             found[str(key)[-160:]] = {"wgmma": "wgmma" in ptx, "mma_sync": "mma.sync" in ptx}
     return found
-
-
-def row_tile_family(weights, spec: str, rows_list: list[int], num_sms: int, calls: int) -> list[dict]:
-    """The default tile with other row counts (and warps): whether each gives every row the default's bits (the
-    same MMA instructions in the same K order, only more rows per program), and its time per call."""
-    out = []
-    for (model, layer), (weight, bias) in weights.items():
-        n, k = weight.shape
-        base = gemm_config(n, k, torch.bfloat16, num_sms)
-        x = torch.randn(max(rows_list), k, device=weight.device, dtype=torch.bfloat16)
-        want = linear_triton(x, weight, bias, config=base, side_by_side=False)
-        for item in spec.split(","):
-            block_m, warps, stages = (int(v) for v in item.split(":"))
-            cfg = dataclasses.replace(base, block_m=block_m, num_warps=warps, num_stages=stages)
-            same = all(torch.equal(linear_triton(x[:m], weight, bias, config=cfg, side_by_side=placement), want[:m])
-                       for m in rows_list for placement in (True, False))
-            for m in rows_list:
-                xm = x[:m].contiguous()
-                row = {"section": "row_tiles", "model": model, "layer": layer, "n": n, "k": k, "rows": m,
-                       "block_m": block_m, "warps": warps, "stages": stages, "split_k": cfg.split_k,
-                       "same_bits_as_default": same,
-                       "chosen_us": graph_us(lambda: linear_triton(xm, weight, bias, config=cfg), calls),
-                       "in_program_us": graph_us(lambda: linear_triton(xm, weight, bias, config=cfg,
-                                                                       side_by_side=False), calls)}
-                out.append(row)
-            log(model, layer, item, "same bits", same,
-                {m: round(r["chosen_us"], 1) for m, r in zip(rows_list, out[-len(rows_list):])})
-    return out
 
 
 def launch_variants(weights, spec: str, rows_list: list[int], num_sms: int, calls: int, started: float,
