@@ -116,17 +116,23 @@ def gemm_config(n: int, k: int, dtype: torch.dtype, num_sms: int, *, tile: Tile 
                       tile.num_warps, tile.num_stages)
 
 
-def launch_variant(spec: str, base: GemmConfig) -> GemmConfig:
-    """`base` launched another way, its K splits kept: "[plain|swap][-tma]:BLOCK_M:BLOCK_N:warps:stages" (BLOCK_M
-    the rows' tile, BLOCK_N the weight rows'; swap: the MMA computes out^T = W x^T; -tma: tensor descriptors).
-    16-bit weights only: a float32 tile's products are added one by one, in an order its shape sets."""
+def _variant_fields(spec: str) -> dict:
+    """"[plain|swap][-tma]:BLOCK_M:BLOCK_N:warps:stages" -> the GemmConfig fields it sets (refused if malformed)."""
     kind, *numbers = spec.split(":")
     if kind not in ("plain", "plain-tma", "swap", "swap-tma") or len(numbers) != 4 or not all(
             v.isdigit() for v in numbers):
         raise ValueError(f"a launch variant is [plain|swap][-tma]:BLOCK_M:BLOCK_N:warps:stages, not {spec!r}")
     block_m, block_n, warps, stages = (int(v) for v in numbers)
-    return replace(base, block_m=block_m, block_n=block_n, num_warps=warps, num_stages=stages,
-                   swap_ab=kind.startswith("swap"), tma=kind.endswith("-tma"))
+    return dict(block_m=block_m, block_n=block_n, num_warps=warps, num_stages=stages,
+                swap_ab=kind.startswith("swap"), tma=kind.endswith("-tma"))
+
+
+def launch_variant(spec: str, base: GemmConfig) -> GemmConfig:
+    """`base` launched another way, its K splits kept: "[plain|swap][-tma]:BLOCK_M:BLOCK_N:warps:stages" (BLOCK_M
+    the rows' tile, BLOCK_N the weight rows'; swap: the MMA computes out^T = W x^T; -tma: tensor descriptors).
+    For 16-bit weights (config_for_rows applies it to no other): a float32 tile's products are added one by one, in
+    an order its shape sets."""
+    return replace(base, **_variant_fields(spec))
 
 
 def launch_rule(value: str | None = None) -> list[tuple[int, str]]:
@@ -140,7 +146,7 @@ def launch_rule(value: str | None = None) -> list[tuple[int, str]]:
         variant, _, rows = item.rpartition("@")
         if not rows.isdigit() or not variant:
             raise ValueError(f"{LAUNCH_ENV} is VARIANT@ROWS,..., not {value!r}")
-        launch_variant(variant, GemmConfig(64, 64, 64, 1, 64, 4, 4))  # refused here, not at a model's first call
+        _variant_fields(variant)  # refused here, not at a model's first call
         rule.append((int(rows), variant))
     return sorted(rule, reverse=True)
 

@@ -46,7 +46,7 @@ def paged_attention_torch(
     sequence on the CPU: its own context alone, `_one_sequence`)."""
     if ordered:
         return _attention_fixed_order(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale)
-    if seq_lens.shape[0] == 1 and not query.is_cuda:
+    if seq_lens.shape[0] == 1 and not query.is_cuda:  # it reads the lengths on the host: no graph, no GPU sync
         return _one_sequence(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale)
     num_tokens, num_heads, head_dim = query.shape
     num_seqs = seq_lens.shape[0]

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from paged_batch_inputs import make_paged_batch, naive_attention, relative_error
+from specsplit.kernels import paged_attention
 from specsplit.kernels.paged_attention import paged_attention_torch
 
 
@@ -33,14 +34,19 @@ def test_reference_single_token_context_is_its_value(generator):
 
 @pytest.mark.parametrize("query_len, seq_len", [(1, 37), (1, 16), (5, 64), (9, 50), (6, 6)],
                          ids=["decode", "decode-one-block", "verification", "prefill-chunk", "whole-prompt"])
-def test_a_lone_sequence_takes_the_unpadded_path_and_gets_the_batched_result(query_len, seq_len, generator):
+def test_a_lone_sequence_takes_the_unpadded_path_and_gets_the_batched_result(query_len, seq_len, generator,
+                                                                          monkeypatch):
     # A call of one sequence gathers exactly its context (no padded batch, no mask for one query): the same
     # attention as the sequence computed beside others in the padded path.
+    taken = []
+    monkeypatch.setattr(paged_attention, "_one_sequence",
+                        lambda *args, _original=paged_attention._one_sequence: taken.append(1) or _original(*args))
     batch = make_paged_batch([3, query_len], [40, seq_len], 14, 2, 64, 16, torch.float64, "cpu", generator)
     beside_another = paged_attention_torch(*batch.args())[3:]
     tables, lens = batch.block_tables[1:], batch.seq_lens[1:]
     alone = paged_attention_torch(batch.query[3:], batch.key_cache, batch.value_cache, tables, lens,
                                   torch.tensor([0, query_len], dtype=torch.int32), batch.scale, query_len, seq_len)
+    assert taken == [1]  # the lone call only, not the two-sequence one
     assert alone.shape == beside_another.shape
     assert relative_error(alone, beside_another) < 1e-12
     assert relative_error(alone, naive_attention(batch)[3:]) < 1e-12
